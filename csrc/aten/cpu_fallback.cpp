@@ -1,0 +1,191 @@
+#include "aten/cpu_fallback.h"
+
+#include <ATen/ATen.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/native/CPUFallback.h>
+#include <c10/util/SmallVector.h>
+#include <torch/library.h>
+
+#include <atomic>
+#include <optional>
+
+#include "aten/cpu_alias.h"
+#include "runtime/caching_allocator.h"
+#include "runtime/hooks.h"
+
+namespace torch_fl {
+namespace {
+
+std::atomic<bool> g_copy_mode{false};
+
+struct Alias {
+  at::Tensor device;
+  at::Tensor cpu;
+  const void* data;  // the device bytes the CPU alias was made over
+  bool written;
+};
+
+bool is_generator_arg(const c10::Argument& arg) {
+  const c10::TypePtr& type = arg.type();
+  if (type->kind() == c10::TypeKind::GeneratorType) {
+    return true;
+  }
+  if (type->kind() == c10::TypeKind::OptionalType) {
+    return type->castRaw<c10::OptionalType>()->getElementType()->kind() ==
+        c10::TypeKind::GeneratorType;
+  }
+  return false;
+}
+
+class ZeroCopyCall {
+ public:
+  ZeroCopyCall(const c10::OperatorHandle& op, torch::jit::Stack* stack) : op_(op), stack_(stack) {}
+
+  void run() {
+    const auto& args = op_.schema().arguments();
+    const size_t begin = stack_->size() - args.size();
+    c10::SmallVector<size_t, 2> generator_slots;
+    for (size_t i = 0; i < args.size(); ++i) {
+      c10::IValue& value = (*stack_)[begin + i];
+      const bool written = args[i].alias_info() != nullptr && args[i].alias_info()->isWrite();
+      if (value.isTensor()) {
+        at::Tensor t = value.toTensor();
+        value = to_cpu(t, written);
+      } else if (value.isTensorList()) {
+        c10::List<at::Tensor> cpu_list;
+        for (const at::Tensor& t : value.toTensorList()) {
+          cpu_list.push_back(to_cpu(t, written));
+        }
+        value = std::move(cpu_list);
+      } else if (value.isOptionalTensorList()) {
+        c10::List<std::optional<at::Tensor>> cpu_list;
+        for (const std::optional<at::Tensor>& t : value.toOptionalTensorList()) {
+          cpu_list.push_back(t.has_value() ? std::optional<at::Tensor>(to_cpu(*t, written)) : t);
+        }
+        value = std::move(cpu_list);
+      } else if (value.isDevice() && value.toDevice().type() == c10::DeviceType::PrivateUse1) {
+        note_device(value.toDevice());
+        value = c10::IValue(c10::Device(c10::DeviceType::CPU));
+      } else if (is_generator_arg(args[i])) {
+        generator_slots.push_back(begin + i);
+      }
+    }
+    // Random ops: the CPU kernel draws from the flagos generator's CPU engine, so seeding flagos
+    // (torch.manual_seed / torch.flagos.manual_seed) makes device randomness reproducible.
+    if (device_.has_value()) {
+      for (size_t slot : generator_slots) {
+        c10::IValue& value = (*stack_)[slot];
+        if (value.isNone()) {
+          value = c10::IValue(cpu_generator_of(default_generator(device_->index())));
+        } else if (is_flagos_generator(value.toGenerator())) {
+          value = c10::IValue(cpu_generator_of(value.toGenerator()));
+        }
+      }
+    }
+
+    op_.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), stack_);
+
+    if (!device_.has_value()) {
+      return;  // nothing on flagos took part: results are CPU results
+    }
+    sync_written_aliases();
+    const size_t num_returns = op_.schema().returns().size();
+    for (size_t i = stack_->size() - num_returns; i < stack_->size(); ++i) {
+      c10::IValue& value = (*stack_)[i];
+      if (value.isTensor()) {
+        value = to_device(value.toTensor());
+      } else if (value.isTensorList()) {
+        c10::List<at::Tensor> device_list;
+        for (const at::Tensor& t : value.toTensorList()) {
+          device_list.push_back(to_device(t));
+        }
+        value = std::move(device_list);
+      }
+    }
+  }
+
+ private:
+  void note_device(c10::Device device) {
+    if (!device_.has_value()) {
+      device_ = device;
+    }
+  }
+
+  at::Tensor to_cpu(const at::Tensor& t, bool written) {
+    if (!is_flagos(t)) {
+      return t;
+    }
+    note_device(t.device());
+    flush_for_cpu_read(t.storage().data_ptr());
+    at::Tensor alias = cpu_alias(t);
+    aliases_.push_back(Alias{t, alias, t.storage().data(), written});
+    return alias;
+  }
+
+  // out= kernels may resize their output: bring the new geometry (and, if the CPU allocator had
+  // to reallocate, the new bytes) back to the flagos tensor the caller holds.
+  void sync_written_aliases() {
+    for (Alias& a : aliases_) {
+      if (!a.written) {
+        continue;
+      }
+      if (a.cpu.storage().data() != a.data) {
+        a.device.set_(to_device_result(a.cpu, *device_));
+      } else {
+        if (a.cpu.sizes() != a.device.sizes() || a.cpu.strides() != a.device.strides() ||
+            a.cpu.storage_offset() != a.device.storage_offset()) {
+          a.device.unsafeGetTensorImpl()->set_sizes_and_strides(
+              a.cpu.sizes(), a.cpu.strides(), a.cpu.storage_offset());
+        }
+        flush_after_cpu_write(a.device.storage().data_ptr());
+      }
+    }
+  }
+
+  at::Tensor to_device(const at::Tensor& result) {
+    if (!result.defined() || result.device().type() != c10::DeviceType::CPU) {
+      return result;
+    }
+    for (const Alias& a : aliases_) {
+      if (result.unsafeGetTensorImpl() == a.cpu.unsafeGetTensorImpl()) {
+        return a.device;  // in-place or out=: the caller's own tensor
+      }
+    }
+    const void* data = result.storage().data();
+    for (const Alias& a : aliases_) {
+      if (data != nullptr && data == a.cpu.storage().data()) {
+        return device_view_like(a.device, result);  // a view of an input
+      }
+    }
+    return to_device_result(result, *device_);
+  }
+
+  const c10::OperatorHandle& op_;
+  torch::jit::Stack* stack_;
+  std::optional<c10::Device> device_;
+  c10::SmallVector<Alias, 4> aliases_;
+};
+
+void flagos_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  if (g_copy_mode.load(std::memory_order_relaxed)) {
+    at::native::cpu_fallback(op, stack);
+    return;
+  }
+  ZeroCopyCall(op, stack).run();
+}
+
+}  // namespace
+
+void set_fallback_mode(const std::string& mode) {
+  TORCH_CHECK(mode == "zero-copy" || mode == "copy", "flagos: unknown fallback mode '", mode,
+              "'; valid modes are 'zero-copy' (default) and 'copy'");
+  g_copy_mode.store(mode == "copy");
+}
+
+std::string fallback_mode() { return g_copy_mode.load() ? "copy" : "zero-copy"; }
+
+TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {
+  m.fallback(torch::CppFunction::makeFromBoxedFunction<&flagos_fallback>());
+}
+
+}  // namespace torch_fl

@@ -1,0 +1,69 @@
+// torch_fl._C: the Python binding. Only glue lives here; the runtime (runtime/) and the ATen
+// kernels (aten/) know nothing about Python.
+#include <pybind11/pybind11.h>
+#include <torch/csrc/Generator.h>
+
+#include "aten/cpu_fallback.h"
+#include "runtime/caching_allocator.h"
+#include "runtime/device_guard.h"
+#include "runtime/hooks.h"
+#include "runtime/ucp_runtime.h"
+
+#ifndef TORCH_FL_TORCH_VERSION
+#define TORCH_FL_TORCH_VERSION "unknown"
+#endif
+
+namespace py = pybind11;
+
+PYBIND11_MODULE(_C, m) {
+  m.doc() = "torch_fl native extension: flagos device runtime for the RDK BPU";
+
+  m.def("_configure_ucp", &torch_fl::ucp::configure, py::arg("explicit_path"),
+        "Set FLAGOS_BPU_UCP_LIB before the first allocation.");
+  m.def("_memory_backend", [] { return std::string(torch_fl::ucp::backend_name()); });
+  m.def("_ucp_library", &torch_fl::ucp::loaded_path);
+  m.def("_ucp_warning", &torch_fl::ucp::load_warning);
+  m.def("_page_size", &torch_fl::ucp::page_size);
+
+  m.def("_empty_cache", [] { torch_fl::allocator().empty_cache(); },
+        "Return cached blocks to the runtime. Call before exit to release UCP memory cleanly.");
+  m.def("_memory_stats", [] {
+    const torch_fl::MemoryStats s = torch_fl::allocator().stats();
+    py::dict d;
+    d["allocated_bytes"] = s.allocated;
+    d["max_allocated_bytes"] = s.max_allocated;
+    d["reserved_bytes"] = s.reserved;
+    d["max_reserved_bytes"] = s.max_reserved;
+    d["num_alloc_retries"] = 0;
+    d["num_device_alloc"] = s.alloc_count;
+    d["num_device_free"] = s.free_count;
+    return d;
+  });
+  m.def("_reset_peak_memory_stats", [] { torch_fl::allocator().reset_peak_stats(); });
+
+  m.def("_set_fallback_mode", &torch_fl::set_fallback_mode, py::arg("mode"));
+  m.def("_fallback_mode", &torch_fl::fallback_mode);
+
+  m.def("_device_count", [] { return static_cast<int>(torch_fl::kDeviceCount); });
+  m.def("_current_device", [] { return static_cast<int>(torch_fl::current_device()); });
+  m.def("_set_device", [](int index) {
+    torch_fl::set_device(static_cast<c10::DeviceIndex>(index));
+  });
+  m.def("_default_generator", [](int index) {
+    return py::reinterpret_steal<py::object>(THPGenerator_initDefaultGenerator(
+        torch_fl::default_generator(static_cast<c10::DeviceIndex>(index))));
+  });
+
+  m.def("_compiled_with", [] {
+    py::dict d;
+    d["torch"] = TORCH_FL_TORCH_VERSION;
+#if defined(__clang__)
+    d["compiler"] = std::string("clang ") + __clang_version__;
+#elif defined(__GNUC__)
+    d["compiler"] = std::string("gcc ") + __VERSION__;
+#else
+    d["compiler"] = "unknown";
+#endif
+    return d;
+  });
+}

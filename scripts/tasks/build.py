@@ -1,0 +1,57 @@
+"""`invoke build` and `invoke bench`: the C++ extension and the eager-device benchmark."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+from invoke import Collection, Context, task
+from invoke.exceptions import Exit
+
+ROOT = Path(__file__).resolve().parents[2]
+SUPPORTED_ACCELERATORS = ("bpu",)
+
+
+@task(
+    help={
+        "accelerator": f"which accelerator to build for: {', '.join(SUPPORTED_ACCELERATORS)}",
+        "debug": "build with -O0 -g instead of -O2 without debug info",
+    }
+)
+def build(c: Context, accelerator: str = "bpu", debug: bool = False) -> None:
+    """Build the torch_fl C++ extension in place against the installed torch."""
+    if accelerator not in SUPPORTED_ACCELERATORS:
+        raise Exit(
+            f"unknown accelerator {accelerator!r}; supported: {', '.join(SUPPORTED_ACCELERATORS)}"
+            " (example: invoke build --accelerator bpu)",
+            code=2,
+        )
+    env = {"ACCELERATOR": accelerator, "FLAGOS_BUILD_DEBUG": "1" if debug else "0"}
+    # No build isolation: pip must compile against the torch already installed, never fetch one.
+    with c.cd(str(ROOT)):
+        c.run(
+            f"{sys.executable} -m pip install --no-build-isolation --no-deps -q -e .",
+            env=env,
+            pty=False,
+        )
+        c.run(
+            f'{sys.executable} -c "import torch_fl, json; print(json.dumps(torch_fl.build_info()))"',
+            env={"TORCH_DEVICE_BACKEND_AUTOLOAD": "0"},
+        )
+
+
+@task(help={"json_path": "also write the results as JSON here"})
+def bench(c: Context, json_path: str = "") -> None:
+    """Benchmarks: eager flagos vs CPU (scripts/bench_eager.py) and the compile backend."""
+    out = f" --json {json_path}" if json_path else ""
+    with c.cd(str(ROOT)):
+        c.run(f"{sys.executable} scripts/bench_eager.py{out}", env=dict(os.environ))
+        if (ROOT / "scripts" / "bench_compile.py").exists():
+            c.run(f"{sys.executable} scripts/bench_compile.py", env=dict(os.environ))
+
+
+def register(ns: Collection) -> None:
+    """Add build and bench to the root collection."""
+    ns.add_task(build)
+    ns.add_task(bench)

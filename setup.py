@@ -1,0 +1,73 @@
+"""Build of the torch_fl C++ extension (csrc/) against the installed torch.
+
+Select the accelerator with `ACCELERATOR=bpu` (what `invoke build --accelerator bpu` sets).
+Build flags: -O2 without debug info; FLAGOS_BUILD_DEBUG=1 (`invoke build --debug`) opts in to -O0 -g.
+Install without build isolation so pip compiles against the torch you have:
+    pip install --no-build-isolation -e .
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+from setuptools import setup
+
+ROOT = Path(__file__).resolve().parent
+SUPPORTED_ACCELERATORS = ("bpu",)
+
+
+def selected_accelerator() -> str:
+    accelerator = os.environ.get("ACCELERATOR", "bpu").strip().lower()
+    if accelerator not in SUPPORTED_ACCELERATORS:
+        sys.exit(
+            f"error: unknown accelerator {accelerator!r} (from ACCELERATOR); "
+            f"supported: {', '.join(SUPPORTED_ACCELERATORS)}. "
+            "Example: ACCELERATOR=bpu pip install --no-build-isolation -e ."
+        )
+    return accelerator
+
+
+def build_extension():
+    import torch
+    from torch.utils.cpp_extension import BuildExtension, CppExtension
+
+    debug = os.environ.get("FLAGOS_BUILD_DEBUG", "0") == "1"
+    torch_version = torch.__version__.split("+")[0]
+    cflags = ["-std=c++17", "-fvisibility=hidden", f'-DTORCH_FL_TORCH_VERSION="{torch_version}"']
+    # Python's own CFLAGS carry -g (13.5 MB .so instead of ~0.5 MB); -g0 last wins.
+    cflags += ["-O0", "-g"] if debug else ["-O2", "-g0"]
+    sources = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "csrc").rglob("*.cpp"))
+    ext = CppExtension(
+        name="torch_fl._C",
+        sources=sources,
+        include_dirs=[str(ROOT / "csrc")],
+        extra_compile_args=cflags,
+        extra_link_args=[] if debug else ["-Wl,--strip-debug"],
+        libraries=["dl"],
+    )
+    return ext, BuildExtension.with_options(no_python_abi_suffix=False), torch_version, debug
+
+
+def write_build_config(accelerator: str, torch_version: str, debug: bool) -> None:
+    """Record what was built in the package itself (read by torch_fl.build_info())."""
+    import sysconfig
+
+    config = {
+        "accelerator": accelerator,
+        "torch_built_against": torch_version,
+        "debug": debug,
+        "compiler": sysconfig.get_config_var("CC") or "c++",
+    }
+    target = ROOT / "torch_fl" / "_build_config.json"
+    tmp = target.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
+    os.replace(tmp, target)
+
+
+accelerator = selected_accelerator()
+ext, build_ext, torch_version, debug = build_extension()
+write_build_config(accelerator, torch_version, debug)
+setup(ext_modules=[ext], cmdclass={"build_ext": build_ext})
