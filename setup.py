@@ -31,6 +31,9 @@ def selected_accelerator() -> str:
 
 
 def build_extension():
+    # A previously installed torch_fl must not be autoloaded into the build (it may be the very
+    # thing being rebuilt, or broken).
+    os.environ["TORCH_DEVICE_BACKEND_AUTOLOAD"] = "0"
     import torch
     from torch.utils.cpp_extension import BuildExtension, CppExtension
 

@@ -71,10 +71,6 @@ def build_info() -> dict[str, Any]:
     }
 
 
-def _autoload() -> None:
-    """`torch.backends` entry point: importing this module already registered the device."""
-
-
 def __getattr__(name: str) -> Any:
     # The compile backend pulls in ONNX and Dynamo; load it only when asked for.
     if name == "bpu":

@@ -1,0 +1,90 @@
+"""Pinned downloads: found in --artifacts or fetched here, verified by sha256, shipped to the target.
+
+Downloads happen on the controller so an offline board needs nothing but SSH; the sha256 is
+checked again on the target after the copy.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import shlex
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from provision.steps import Context, StepError
+
+
+def sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def locate(ctx: Context, pin: dict[str, Any]) -> Path | None:
+    """The pinned file in --artifacts, if present (verified)."""
+    if ctx.options.artifacts is None:
+        return None
+    candidate = ctx.options.artifacts / pin["filename"]
+    if not candidate.is_file():
+        return None
+    actual = sha256_of(candidate)
+    if actual != pin["sha256"]:
+        raise StepError(
+            f"{candidate} has sha256 {actual}, expected {pin['sha256']}; replace the file "
+            "with the pinned one (or update the pin in your --config)"
+        )
+    return candidate
+
+
+def fetch(ctx: Context, pin: dict[str, Any]) -> Path:
+    """--artifacts first, then the download cache, then the network; always sha256-checked."""
+    found = locate(ctx, pin)
+    if found is not None:
+        return found
+    cache = ctx.work_dir / "downloads"
+    cache.mkdir(parents=True, exist_ok=True)
+    dest = cache / pin["filename"]
+    if dest.is_file() and sha256_of(dest) == pin["sha256"]:
+        return dest
+    tmp = dest.with_suffix(dest.suffix + ".part")
+    ctx.echo(f"  downloading {pin['url']}")
+    try:
+        with urllib.request.urlopen(pin["url"], timeout=60) as resp, open(tmp, "wb") as out:
+            done = 0
+            while chunk := resp.read(1 << 20):
+                out.write(chunk)
+                done += len(chunk)
+                if done % (16 << 20) < (1 << 20):
+                    ctx.echo(f"  ... {done >> 20} MB")
+    except OSError as exc:
+        raise StepError(
+            f"downloading {pin['url']} failed ({exc}); on an offline machine put "
+            f"{pin['filename']} into a directory and pass --artifacts DIR"
+        ) from exc
+    actual = sha256_of(tmp)
+    if actual != pin["sha256"]:
+        tmp.unlink()
+        raise StepError(
+            f"{pin['url']} has sha256 {actual}, expected {pin['sha256']}: refusing it "
+            "(the upstream file changed or the download was tampered with)"
+        )
+    tmp.replace(dest)
+    return dest
+
+
+def ship(ctx: Context, local: Path, remote_dir: str, sha256: str | None = None) -> str:
+    """Copy to the target and verify the sha256 there; return the remote path."""
+    remote = f"{remote_dir}/{local.name}"
+    ctx.target.put(local, remote)
+    expected = sha256 or sha256_of(local)
+    rc, out, err = ctx.sh(f"sha256sum {shlex.quote(remote)}", timeout=300)
+    if rc != 0 or out.split()[:1] != [expected]:
+        raise StepError(
+            f"{remote} on {ctx.target.name} does not match sha256 {expected} after copying "
+            f"({(out or err).strip()[:200]}); check disk space on the target"
+        )
+    ctx.recorded_artifacts.append({"name": local.name, "sha256": expected})
+    return remote

@@ -1,0 +1,123 @@
+"""Provisioning configuration: packaged defaults, overlaid by invoke.yaml and `--config FILE`.
+
+Values are validated up front so a typo fails in a second with the key and the fix, not after a
+twenty-minute box64 build.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from provision import box64 as box64_logic
+
+DEFAULTS_PATH = Path(__file__).with_name("provision.yaml")
+STEP_NAMES = (
+    "prereqs",
+    "box64",
+    "pagesize_probe",
+    "x86_python",
+    "vendor_runtime",
+    "envfile",
+    "build_verify",
+)
+_SHA_RE = re.compile(r"^[0-9a-f]{64}$")
+_MARCHES = {"auto", "bernoulli2", "bayes-e", "nash-e", "nash-m", "nash-p"}
+
+
+class ConfigError(ValueError):
+    """A configuration value is wrong; the message names the key and the fix."""
+
+
+def deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    out = copy.deepcopy(base)
+    for key, value in over.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = deep_merge(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except FileNotFoundError as exc:
+        raise ConfigError(f"config file {path} does not exist; fix the --config path") from exc
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"config file {path} is not valid YAML: {exc}") from exc
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {path} must hold a mapping at top level")
+    return data
+
+
+def _get(cfg: dict[str, Any], dotted: str) -> Any:
+    node: Any = cfg
+    for part in dotted.split("."):
+        if not isinstance(node, dict) or part not in node:
+            raise ConfigError(f"config key {dotted} is missing; restore it from {DEFAULTS_PATH}")
+        node = node[part]
+    return node
+
+
+def _check_pin(cfg: dict[str, Any], key: str) -> None:
+    sha = _get(cfg, f"{key}.sha256")
+    url = _get(cfg, f"{key}.url")
+    name = _get(cfg, f"{key}.filename")
+    if not isinstance(sha, str) or not _SHA_RE.match(sha):
+        raise ConfigError(
+            f"{key}.sha256 = {sha!r} is not a 64-digit lowercase hex sha256; set it to "
+            f"`sha256sum {name}` of the file published at {url}"
+        )
+    if not isinstance(url, str) or not url.startswith("https://"):
+        raise ConfigError(f"{key}.url = {url!r} must be an https:// URL of {name}")
+    if not isinstance(name, str) or not name or "/" in name:
+        raise ConfigError(f"{key}.filename = {name!r} must be a plain file name")
+
+
+def validate(cfg: dict[str, Any]) -> dict[str, Any]:
+    """Raise ConfigError for the first bad value; return cfg unchanged when fine."""
+    min_box64 = _get(cfg, "policy.min_box64")
+    try:
+        box64_logic.parse_policy(str(min_box64))
+    except ValueError as exc:
+        raise ConfigError(f"policy.min_box64: {exc}") from exc
+    _check_pin(cfg, "box64.source")
+    _check_pin(cfg, "x86_python.tarball")
+    mb = _get(cfg, "box64.source.mb_per_job")
+    if not isinstance(mb, int) or mb < 256:
+        raise ConfigError(f"box64.source.mb_per_job = {mb!r}: use an integer >= 256 (MB)")
+    if not isinstance(_get(cfg, "box64.source.cmake_extra"), list):
+        raise ConfigError("box64.source.cmake_extra must be a list of -D flags")
+    source = _get(cfg, "x86_python.source")
+    if source not in ("auto", "tarball", "distro"):
+        raise ConfigError(f"x86_python.source = {source!r}: use auto, tarball or distro")
+    march = _get(cfg, "march")
+    if march not in _MARCHES:
+        raise ConfigError(f"march = {march!r}: use one of {sorted(_MARCHES)}")
+    if _get(cfg, "default_march") not in _MARCHES - {"auto"}:
+        raise ConfigError(f"default_march must be one of {sorted(_MARCHES - {'auto'})}")
+    skip = _get(cfg, "steps.skip")
+    if not isinstance(skip, list) or any(s not in STEP_NAMES for s in skip):
+        raise ConfigError(f"steps.skip = {skip!r}: a list of step names from {list(STEP_NAMES)}")
+    for key in ("x86_python.import_timeout_s", "build_verify.timeout_s", "ssh.connect_timeout_s"):
+        value = _get(cfg, key)
+        if not isinstance(value, (int, float)) or value <= 0:
+            raise ConfigError(f"{key} = {value!r}: use a positive number of seconds")
+    return cfg
+
+
+def load(config_file: str | None = None, invoke_section: dict[str, Any] | None = None) -> dict:
+    """Defaults <- invoke.yaml `provision:` section <- --config file; validated."""
+    cfg = _read_yaml(DEFAULTS_PATH)
+    if invoke_section:
+        cfg = deep_merge(cfg, dict(invoke_section))
+    if config_file:
+        cfg = deep_merge(cfg, _read_yaml(Path(config_file).expanduser()))
+    return validate(cfg)

@@ -1,0 +1,132 @@
+"""The provisioning report: a table for people, JSON (written atomically) for machines."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from provision.plan import Outcome
+
+SCHEMA = "torch-fl/provision-report/1"
+STATUSES = {"ok", "needed", "failed"}
+
+
+def build(
+    *,
+    target: str,
+    local: bool,
+    dry: bool,
+    started: float,
+    facts: dict[str, Any],
+    outcomes: list[Outcome],
+    artifacts: list[dict[str, str]],
+    exit_code: int,
+    config: dict[str, Any],
+) -> dict[str, Any]:
+    unique = {a["name"]: a for a in artifacts}
+    return {
+        "schema": SCHEMA,
+        "target": target,
+        "local": local,
+        "dry": dry,
+        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(started)),
+        "duration_s": round(time.time() - started, 3),
+        "exit_code": exit_code,
+        "actions": sum(1 for o in outcomes if o.action == "apply"),
+        "facts": facts,
+        "steps": [
+            {
+                "name": o.name,
+                "title": o.title,
+                "before": o.before.to_json() if o.before else None,
+                "action": o.action,
+                "after": o.after.to_json() if o.after else None,
+                "duration_s": round(o.duration_s, 3),
+                "error": o.error,
+            }
+            for o in outcomes
+        ],
+        "artifacts": sorted(unique.values(), key=lambda a: a["name"]),
+        "config": {"min_box64": config["policy"]["min_box64"], "prefix": config["prefix"]},
+    }
+
+
+def validate(report: dict[str, Any]) -> None:
+    """Raise ValueError naming the first schema violation."""
+    if report.get("schema") != SCHEMA:
+        raise ValueError(f"schema is {report.get('schema')!r}, expected {SCHEMA}")
+    for key, kind in (
+        ("target", str),
+        ("dry", bool),
+        ("exit_code", int),
+        ("actions", int),
+        ("facts", dict),
+        ("steps", list),
+        ("artifacts", list),
+    ):
+        if not isinstance(report.get(key), kind):
+            raise ValueError(f"{key} must be {kind.__name__}")
+    if report["exit_code"] not in (0, 1, 2):
+        raise ValueError("exit_code must be 0, 1 or 2")
+    applied = 0
+    for step in report["steps"]:
+        for side in ("before", "after"):
+            res = step.get(side)
+            if res is not None and res.get("status") not in STATUSES:
+                raise ValueError(f"step {step.get('name')}: {side}.status {res.get('status')!r}")
+        if step["action"] == "apply":
+            applied += 1
+            if step.get("after") is None:
+                raise ValueError(f"step {step['name']} applied without a re-check")
+        if not isinstance(step.get("duration_s"), (int, float)) or step["duration_s"] < 0:
+            raise ValueError(f"step {step.get('name')}: bad duration")
+    if applied != report["actions"]:
+        raise ValueError("actions does not match the applied steps")
+    for art in report["artifacts"]:
+        if len(art.get("sha256", "")) != 64:
+            raise ValueError(f"artifact {art.get('name')} lacks a sha256")
+
+
+def write_atomic(path: Path, report: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            json.dump(report, fh, indent=2, sort_keys=True, default=str)
+            fh.write("\n")
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def _cell(res: Any) -> str:
+    return res.status if res is not None else "-"
+
+
+def table(outcomes: list[Outcome]) -> str:
+    rows = [("step", "before", "action", "after", "duration", "detail")]
+    for o in outcomes:
+        detail = o.error or (o.final.detail if o.final else "")
+        rows.append(
+            (
+                o.name,
+                _cell(o.before),
+                o.action,
+                _cell(o.after),
+                f"{o.duration_s:.1f}s",
+                detail.replace("\n", " ")[:90],
+            )
+        )
+    widths = [max(len(r[i]) for r in rows) for i in range(5)]
+    lines = []
+    for i, row in enumerate(rows):
+        lines.append("  ".join(c.ljust(widths[j]) for j, c in enumerate(row[:5])) + "  " + row[5])
+        if i == 0:
+            lines.append("  ".join("-" * w for w in widths) + "  " + "-" * 6)
+    return "\n".join(lines)

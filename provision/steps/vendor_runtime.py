@@ -1,0 +1,58 @@
+"""The board's vendor runtime (libhbucp, hbm_runtime, BPU cores): checked, never installed -
+it comes with the board image."""
+
+from __future__ import annotations
+
+import shlex
+
+from provision.steps import FAILED, OK, CheckResult, Context, StepError, not_applicable
+
+_SNIPPET = r"""
+import ctypes, sys
+lib = ctypes.CDLL(sys.argv[1])
+cores = -1
+if hasattr(lib, "hb_bpu_core_num"):
+    lib.hb_bpu_core_num.restype = ctypes.c_int
+    cores = lib.hb_bpu_core_num()
+try:
+    import hbm_runtime  # noqa: F401
+    hbm = "yes"
+except Exception as exc:  # report why, the step turns it into a failure
+    hbm = "no: %s" % exc
+print("TFL_UCP loaded cores=%d hbm_runtime=%s" % (cores, hbm))
+"""
+
+
+class VendorRuntime:
+    name = "vendor_runtime"
+    title = "vendor BPU runtime"
+
+    def check(self, ctx: Context) -> CheckResult:
+        if not ctx.facts.get("is_board"):
+            return not_applicable("not an RDK board (no /usr/hobot/lib/libhbucp.so)")
+        lib = ctx.facts.get("ucp_lib") or "/usr/hobot/lib/libhbucp.so"
+        rc, out, err = ctx.sh(f"python3 -c {shlex.quote(_SNIPPET)} {shlex.quote(lib)}", timeout=60)
+        line = next((ln for ln in out.splitlines() if ln.startswith("TFL_UCP")), "")
+        facts = {"ucp_lib": lib, "raw": line or (out + err).strip()[-300:]}
+        if not line:
+            return CheckResult(FAILED, facts, f"{lib} does not load: {facts['raw']}")
+        cores = int(line.split("cores=")[1].split()[0])
+        facts["bpu_cores"] = cores
+        ctx.state["ucp_lib"] = lib
+        if "hbm_runtime=yes" not in line:
+            return CheckResult(FAILED, facts, "hbm_runtime is not importable with python3")
+        if cores == 0:
+            return CheckResult(
+                FAILED, facts, "libhbucp reports 0 BPU cores: the BPU driver is not loaded"
+            )
+        shown = "unknown" if cores < 0 else str(cores)
+        return CheckResult(OK, facts, f"libhbucp loads, hbm_runtime importable, BPU cores: {shown}")
+
+    def apply(self, ctx: Context, before: CheckResult) -> None:
+        raise StepError(
+            f"{before.detail}; the vendor runtime comes with the board image: reflash or "
+            "reinstall the vendor packages (hobot-*), then re-run"
+        )
+
+
+STEP = VendorRuntime()

@@ -1,0 +1,305 @@
+"""Where provisioning commands run: this machine or a board over SSH, behind one small protocol.
+
+Every step talks to a `Target` only through `run`, `put` and `get`, so the same step code
+provisions the local host and a remote board; nothing may assume it runs locally.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol, TextIO
+
+RunResult = tuple[int, str, str]
+
+
+class TargetError(RuntimeError):
+    """The target could not be reached or a transfer failed."""
+
+
+class Target(Protocol):
+    """A machine to provision. Commands are POSIX `sh` command lines run on the target."""
+
+    name: str
+    is_local: bool
+
+    def run(self, cmd: str, timeout: float = 120.0, env: dict[str, str] | None = None) -> RunResult:
+        """Run `cmd` with /bin/sh; return (rc, stdout, stderr). rc 124 means it timed out."""
+        ...
+
+    def run_logged(
+        self,
+        cmd: str,
+        log_path: Path,
+        timeout: float = 3600.0,
+        progress: Callable[[str], None] | None = None,
+    ) -> int:
+        """Run a long command, streaming its output to a local log file and `progress`."""
+        ...
+
+    def put(self, local: Path, remote: str) -> None:
+        """Copy a local file to `remote` (a path on the target)."""
+        ...
+
+    def get(self, remote: str, local: Path) -> None:
+        """Copy a file from the target to `local`."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class _LineSink:
+    """Writes streamed output to the log and reports progress at most every few seconds."""
+
+    def __init__(self, log: TextIO, progress: Callable[[str], None] | None) -> None:
+        self.log = log
+        self.progress = progress
+        self.lines = 0
+        self._last = 0.0
+        self._buf = ""
+        self._lock = threading.Lock()
+
+    def write(self, data: str) -> int:
+        with self._lock:
+            self.log.write(data)
+            self.log.flush()
+            self._buf += data
+            *complete, self._buf = self._buf.split("\n")
+            self.lines += len(complete)
+            now = time.monotonic()
+            if self.progress and complete and now - self._last >= 5.0:
+                self._last = now
+                last = next((ln for ln in reversed(complete) if ln.strip()), "")
+                self.progress(f"{self.lines} lines | {last.strip()[:100]}")
+        return len(data)
+
+    def flush(self) -> None:
+        self.log.flush()
+
+
+class LocalTarget:
+    """This machine, through subprocess."""
+
+    is_local = True
+
+    def __init__(self, env: dict[str, str] | None = None) -> None:
+        self.name = "local"
+        self._env = dict(env) if env is not None else None
+
+    def _environ(self, extra: dict[str, str] | None) -> dict[str, str]:
+        base = dict(self._env if self._env is not None else os.environ)
+        base.update(extra or {})
+        return base
+
+    def run(self, cmd: str, timeout: float = 120.0, env: dict[str, str] | None = None) -> RunResult:
+        try:
+            proc = subprocess.run(
+                ["/bin/sh", "-c", cmd],
+                capture_output=True,
+                text=True,
+                timeout=timeout,
+                env=self._environ(env),
+                stdin=subprocess.DEVNULL,
+            )
+        except subprocess.TimeoutExpired as exc:
+            out = exc.stdout.decode() if isinstance(exc.stdout, bytes) else (exc.stdout or "")
+            return 124, out, f"timed out after {timeout:.0f}s: {cmd}"
+        return proc.returncode, proc.stdout, proc.stderr
+
+    def run_logged(
+        self,
+        cmd: str,
+        log_path: Path,
+        timeout: float = 3600.0,
+        progress: Callable[[str], None] | None = None,
+    ) -> int:
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(log_path, "a", encoding="utf-8") as log:
+            log.write(f"$ {cmd}\n")
+            sink = _LineSink(log, progress)
+            proc = subprocess.Popen(
+                ["/bin/sh", "-c", cmd],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+                env=self._environ(None),
+                stdin=subprocess.DEVNULL,
+            )
+            deadline = time.monotonic() + timeout
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                sink.write(line)
+                if time.monotonic() > deadline:
+                    proc.kill()
+                    log.write(f"\n[provision] killed after {timeout:.0f}s\n")
+                    proc.wait()
+                    return 124
+            return proc.wait()
+
+    def put(self, local: Path, remote: str) -> None:
+        dest = Path(remote)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(local, dest)
+
+    def get(self, remote: str, local: Path) -> None:
+        local.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(remote, local)
+
+    def close(self) -> None:
+        pass
+
+
+@dataclass(frozen=True)
+class HostSpec:
+    user: str | None
+    host: str
+    port: int
+
+
+_HOST_RE = re.compile(
+    r"^(?:(?P<user>[A-Za-z0-9._-]+)@)?(?P<host>\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._-]+)(?::(?P<port>\d+))?$"
+)
+
+
+def parse_host(text: str) -> HostSpec:
+    """Parse `user@addr[:port]` (IPv6 in brackets); raise ValueError naming the fix."""
+    match = _HOST_RE.match(text.strip())
+    if not match:
+        raise ValueError(
+            f"--host {text!r} is not user@addr[:port]; example: --host root@192.168.1.10:22"
+        )
+    port = int(match["port"] or 22)
+    if not 0 < port < 65536:
+        raise ValueError(f"--host {text!r}: port {port} is outside 1..65535")
+    return HostSpec(match["user"], match["host"].strip("[]"), port)
+
+
+class SshTarget:
+    """A remote machine through Fabric; host keys are verified unless explicitly relaxed."""
+
+    is_local = False
+
+    def __init__(
+        self,
+        spec: HostSpec,
+        *,
+        insecure_host_key: bool = False,
+        known_hosts: str | None = None,
+        identity: str | None = None,
+        connect_timeout: float = 20.0,
+    ) -> None:
+        import paramiko
+        from fabric import Connection
+
+        self.spec = spec
+        self.name = f"{spec.user + '@' if spec.user else ''}{spec.host}:{spec.port}"
+        connect_kwargs: dict[str, object] = {}
+        if identity:
+            connect_kwargs["key_filename"] = [os.path.expanduser(identity)]
+        self.conn = Connection(
+            host=spec.host,
+            user=spec.user,
+            port=spec.port,
+            connect_timeout=connect_timeout,
+            connect_kwargs=connect_kwargs,
+        )
+        client = self.conn.client
+        # Fabric's default policy silently trusts unknown hosts; a board provisioned over a
+        # spoofed address would receive our files and run our commands, so reject by default.
+        if insecure_host_key:
+            client.set_missing_host_key_policy(paramiko.WarningPolicy())
+        else:
+            client.set_missing_host_key_policy(paramiko.RejectPolicy())
+        for path in [known_hosts, "~/.ssh/known_hosts"]:
+            if path and os.path.exists(os.path.expanduser(path)):
+                client.load_host_keys(os.path.expanduser(path))
+        try:
+            self.conn.open()
+        except paramiko.SSHException as exc:
+            hint = ""
+            if "not found in known_hosts" in str(exc) or "Server" in str(exc):
+                hint = (
+                    f"; add the host key first (ssh-keyscan -p {spec.port} {spec.host} >> "
+                    "~/.ssh/known_hosts, after checking its fingerprint) or pass "
+                    "--insecure-host-key for a throwaway test host"
+                )
+            raise TargetError(f"cannot connect to {self.name}: {exc}{hint}") from exc
+        except OSError as exc:
+            raise TargetError(f"cannot connect to {self.name}: {exc}") from exc
+
+    def _wrap(self, cmd: str, env: dict[str, str] | None) -> str:
+        prefix = "".join(f"{k}={shlex.quote(v)} " for k, v in (env or {}).items())
+        return f"{prefix}/bin/sh -c {shlex.quote(cmd)}"
+
+    def run(self, cmd: str, timeout: float = 120.0, env: dict[str, str] | None = None) -> RunResult:
+        from invoke.exceptions import CommandTimedOut
+
+        try:
+            res = self.conn.run(
+                self._wrap(cmd, env), hide=True, warn=True, timeout=timeout, in_stream=False
+            )
+        except CommandTimedOut as exc:
+            return 124, exc.result.stdout, f"timed out after {timeout:.0f}s: {cmd}"
+        return res.exited, res.stdout, res.stderr
+
+    def run_logged(
+        self,
+        cmd: str,
+        log_path: Path,
+        timeout: float = 3600.0,
+        progress: Callable[[str], None] | None = None,
+    ) -> int:
+        from invoke.exceptions import CommandTimedOut
+
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(log_path, "a", encoding="utf-8") as log:
+            log.write(f"$ {cmd}\n")
+            sink = _LineSink(log, progress)
+            try:
+                res = self.conn.run(
+                    self._wrap(cmd + " 2>&1", None),
+                    hide=True,
+                    warn=True,
+                    timeout=timeout,
+                    out_stream=sink,
+                    err_stream=sink,
+                    in_stream=False,
+                )
+            except CommandTimedOut:
+                log.write(f"\n[provision] killed after {timeout:.0f}s\n")
+                return 124
+            return res.exited
+
+    def put(self, local: Path, remote: str) -> None:
+        parent = remote.rsplit("/", 1)[0] or "/"
+        self.run(f"mkdir -p {shlex.quote(parent)}")
+        try:
+            self.conn.put(str(local), remote)
+        except OSError as exc:
+            raise TargetError(f"copying {local} to {self.name}:{remote} failed: {exc}") from exc
+
+    def get(self, remote: str, local: Path) -> None:
+        local.parent.mkdir(parents=True, exist_ok=True)
+        self.conn.get(remote, str(local))
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+def q(text: str) -> str:
+    """Shell-quote for command lines run on a target."""
+    return shlex.quote(text)
+
+
+def controller_arch() -> str:
+    """The architecture of the machine running `invoke provision` (not the target)."""
+    return os.uname().machine if hasattr(os, "uname") else sys.platform

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Fresh-machine set-up of the Python side: a virtual environment with the pinned dependencies
+# (torch 2.13.0 CPU, taken from the wheel on disk, never a CUDA build) and the C++ extension built
+# in place. Idempotent: a second run installs nothing new and rebuilds only what changed.
+#
+#   scripts/bootstrap.sh            # then: .venv/bin/invoke provision / .venv/bin/invoke test
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PYTHON=${PYTHON:-python3}
+VENV=${VENV:-.venv}
+
+if [ ! -x "$VENV/bin/python" ]; then
+  echo "bootstrap: creating $VENV with $($PYTHON --version)"
+  "$PYTHON" -m venv "$VENV"
+fi
+# torch first and pinned, so nothing later can resolve an unpinned (CUDA) torch.
+"$VENV/bin/python" -m pip install -q --disable-pip-version-check "torch==2.13.0"
+"$VENV/bin/python" -m pip install -q --disable-pip-version-check -r requirements.txt
+# No build isolation: compile against the torch installed above.
+TORCH_DEVICE_BACKEND_AUTOLOAD=0 "$VENV/bin/invoke" build --accelerator "${ACCELERATOR:-bpu}"
+echo "bootstrap: done ($VENV)"

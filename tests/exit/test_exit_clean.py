@@ -1,0 +1,86 @@
+"""Exit cleanliness: fresh interpreters that use the device and exit must exit 0, silently.
+
+On a board libhbucp tears its heap down in its own destructors; a caching allocator that frees
+blocks from a static destructor after that aborts with "double free or corruption". These tests
+run against the stand-in libhbucp (tests/standins/ucp), whose teardown mimics the real order,
+and repeat each case to catch ordering races.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from conftest import STANDINS, build_shared_library, run_python
+
+CRASH_TEXT = ("double free", "corruption", "Segmentation fault", "terminate called", "Aborted")
+RUNS_PER_CASE = 25  # 4 chunks x 25 = 100 runs of the main case
+
+CASES = {
+    "live-tensors": "a = torch.randn(256, 256, device='flagos'); b = a @ a; c = b.relu()",
+    "cached-blocks": "a = torch.randn(4096, device='flagos'); b = a * 2; del a, b",
+    "explicit-empty-cache": (
+        "a = torch.randn(512, device='flagos'); del a; torch.flagos.empty_cache();"
+        "b = torch.ones(3, device='flagos')"
+    ),
+    "autograd": (
+        "w = torch.randn(8, 8, device='flagos', requires_grad=True);"
+        "(w @ w).sum().backward(); g = w.grad"
+    ),
+    "profiled": (
+        "from torch.profiler import profile\n"
+        "with profile() as p:\n"
+        "    x = torch.randn(64, 64, device='flagos'); y = x @ x\n"
+        "p.key_averages()"
+    ),
+}
+
+
+def assert_clean(done, label: str) -> None:
+    assert done.returncode == 0, f"{label}: rc={done.returncode}\n{done.stderr}"
+    for text in CRASH_TEXT:
+        assert text not in done.stderr, f"{label}: {text!r} on stderr\n{done.stderr}"
+    assert done.stderr.strip() == "", f"{label}: stderr not empty:\n{done.stderr}"
+
+
+def program(body: str) -> str:
+    return "import torch, torch_fl\n" + body + "\nassert torch.flagos.memory_backend() == 'ucp'\n"
+
+
+@pytest.mark.parametrize("chunk", range(4))
+def test_exit_is_clean_100_of_100(standin_ucp_lib: Path, chunk: int):
+    env = {"FLAGOS_BPU_UCP_LIB": str(standin_ucp_lib), "PYTHONWARNINGS": "ignore"}
+    for run in range(RUNS_PER_CASE):
+        done = run_python(program(CASES["live-tensors"] + "; del a\n" + CASES["cached-blocks"]), env)
+        assert_clean(done, f"chunk {chunk} run {run}")
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if c != "live-tensors"])
+def test_exit_is_clean_per_case(standin_ucp_lib: Path, case: str):
+    env = {"FLAGOS_BPU_UCP_LIB": str(standin_ucp_lib), "PYTHONWARNINGS": "ignore"}
+    for run in range(5):
+        assert_clean(run_python(program(CASES[case]), env), f"{case} run {run}")
+
+
+def test_exit_is_clean_on_host_memory():
+    done = run_python(program(CASES["live-tensors"]).replace("== 'ucp'", "== 'host'"),
+                      {"FLAGOS_BPU_UCP_LIB": "", "FLAGOS_BPU_ENV_FILE": "/nonexistent"})
+    assert_clean(done, "host")
+
+
+def test_standin_catches_a_free_after_teardown(standin_ucp_lib: Path, tmp_path: Path):
+    """Negative control: the stand-in really aborts when a block is freed after its teardown."""
+    user = build_shared_library(STANDINS / "ucp" / "late_free_user.c", tmp_path, "liblatefree.so")
+    code = (
+        "import ctypes, sys\n"
+        f"lib = ctypes.CDLL({str(user)!r})\n"
+        f"sys.exit(lib.late_free_setup({str(standin_ucp_lib).encode()!r}))\n"
+    )
+    proc = subprocess.run(
+        [os.environ.get("PYTHON", "python3"), "-c", code], capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode != 0, "freeing after the runtime's teardown must abort"
+    assert "double free or corruption" in proc.stderr

@@ -1,0 +1,166 @@
+"""Fixtures for the provision lane: isolated HOME/XDG dirs and a real OpenSSH server on loopback."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+STANDINS = REPO / "tests" / "standins" / "box64"
+SSHD = shutil.which("sshd") or "/usr/sbin/sshd"
+if str(REPO) not in sys.path:  # until pyproject sets pytest's pythonpath
+    sys.path.insert(0, str(REPO))
+
+
+def isolated_env(root: Path) -> dict[str, str]:
+    """Environment whose HOME and XDG dirs live under `root` (nothing touches the real home)."""
+    env = dict(os.environ)
+    for var in ("FLAGOS_BPU_ENV_FILE", "PYTHONPATH"):
+        env.pop(var, None)
+    home = root / "home"
+    home.mkdir(parents=True, exist_ok=True)
+    env.update(
+        HOME=str(home),
+        XDG_DATA_HOME=str(root / "data"),
+        XDG_CONFIG_HOME=str(root / "config"),
+        XDG_CACHE_HOME=str(root / "cache"),
+        PYTHONPATH=str(REPO),
+    )
+    return env
+
+
+def run_provision(
+    env: dict[str, str], *args: str, timeout: float = 900
+) -> subprocess.CompletedProcess:
+    """`invoke provision ARGS` through invoke's real CLI, as a separate process."""
+    cmd = [sys.executable, "-m", "invoke", "--search-root", str(REPO / "provision"), "provision"]
+    return subprocess.run(
+        [*cmd, *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout
+    )
+
+
+@pytest.fixture
+def provision_cli():
+    """Run `invoke provision ARGS` (a separate process, invoke's real CLI)."""
+    return run_provision
+
+
+@pytest.fixture
+def iso(tmp_path: Path) -> tuple[Path, dict[str, str]]:
+    return tmp_path, isolated_env(tmp_path)
+
+
+@pytest.fixture
+def fast_config(tmp_path: Path) -> Path:
+    """Skips build_verify: it needs the built C++ extension and is covered separately."""
+    path = tmp_path / "fast.yaml"
+    path.write_text("steps:\n  skip: [build_verify]\n", encoding="utf-8")
+    return path
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _keygen(path: Path) -> str:
+    subprocess.run(
+        ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "torch-fl-test", "-f", str(path)],
+        check=True,
+    )
+    return path.with_suffix(".pub").read_text().strip()
+
+
+class SshServer:
+    def __init__(self, root: Path) -> None:
+        if not os.path.exists(SSHD):
+            pytest.skip("OpenSSH server not installed (apt-get install openssh-server)")
+        self.root = root
+        self.port = _free_port()
+        self.user = (
+            os.environ.get("USER") or subprocess.check_output(["id", "-un"], text=True).strip()
+        )
+        keys = root / "keys"
+        keys.mkdir(parents=True)
+        self.host_pub = _keygen(keys / "host_ed25519")
+        self.user_key = keys / "user_ed25519"
+        user_pub = _keygen(self.user_key)
+        auth = keys / "authorized_keys"
+        auth.write_text(user_pub + "\n")
+        auth.chmod(0o600)
+        # The remote side gets its own XDG dirs, so provisioning over SSH never touches $HOME.
+        self.remote = root / "remote"
+        env_line = " ".join(
+            f"{k}={self.remote / v}"
+            for k, v in (
+                ("XDG_DATA_HOME", "data"),
+                ("XDG_CONFIG_HOME", "config"),
+                ("XDG_CACHE_HOME", "cache"),
+            )
+        )
+        cfg = root / "sshd_config"
+        cfg.write_text(
+            f"Port {self.port}\nListenAddress 127.0.0.1\nHostKey {keys / 'host_ed25519'}\n"
+            f"AuthorizedKeysFile {auth}\nPidFile {root / 'sshd.pid'}\nStrictModes no\n"
+            "PasswordAuthentication no\nKbdInteractiveAuthentication no\nUsePAM no\n"
+            "PermitRootLogin prohibit-password\nSubsystem sftp internal-sftp\nLogLevel ERROR\n"
+            f"SetEnv {env_line}\n"
+        )
+        if os.geteuid() == 0:
+            os.makedirs("/run/sshd", exist_ok=True)  # privilege-separation dir sshd insists on
+        self.log = open(root / "sshd.log", "w")
+        self.proc = subprocess.Popen(
+            [SSHD, "-D", "-e", "-f", str(cfg)], stdout=self.log, stderr=self.log
+        )
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"sshd exited: {(root / 'sshd.log').read_text()}")
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=0.5).close()
+                break
+            except OSError:
+                time.sleep(0.1)
+        else:
+            raise RuntimeError("sshd did not start listening")
+
+    @property
+    def host(self) -> str:
+        return f"{self.user}@127.0.0.1:{self.port}"
+
+    def client_home(self, home: Path, trust: bool = True) -> None:
+        """Set up ~/.ssh like a developer's: the key, and the host key in known_hosts."""
+        ssh = home / ".ssh"
+        ssh.mkdir(parents=True, exist_ok=True)
+        shutil.copy(self.user_key, ssh / "id_ed25519")
+        (ssh / "id_ed25519").chmod(0o600)
+        known = f"[127.0.0.1]:{self.port} {' '.join(self.host_pub.split()[:2])}\n" if trust else ""
+        (ssh / "known_hosts").write_text(known)
+
+    def stop(self) -> None:
+        # Stopped by the PID we started, nothing broader.
+        if self.proc.poll() is None:
+            os.kill(self.proc.pid, 15)
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                os.kill(self.proc.pid, 9)
+                self.proc.wait()
+        self.log.close()
+
+
+@pytest.fixture
+def sshd(tmp_path: Path):
+    server = SshServer(tmp_path / "sshd")
+    try:
+        yield server
+    finally:
+        server.stop()

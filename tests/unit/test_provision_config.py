@@ -1,0 +1,76 @@
+"""Configuration validation, host parsing and step selection: bad input -> clear errors."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # until pytest's pythonpath is set
+
+from provision import config as c  # noqa: E402
+from provision import plan  # noqa: E402
+from provision.target import parse_host  # noqa: E402
+
+
+def test_defaults_are_valid_and_pinned():
+    cfg = c.load()
+    assert cfg["policy"]["min_box64"] == "0.4.0"
+    for key in ("box64", "x86_python"):
+        pin = cfg[key]["source"] if key == "box64" else cfg[key]["tarball"]
+        assert len(pin["sha256"]) == 64 and pin["url"].startswith("https://")
+
+
+@pytest.mark.parametrize(
+    ("override", "needle"),
+    [
+        ({"policy": {"min_box64": "new"}}, "policy.min_box64"),
+        ({"box64": {"source": {"sha256": "TO-FILL"}}}, "box64.source.sha256"),
+        ({"x86_python": {"tarball": {"url": "http://example.com/p.tgz"}}}, "https://"),
+        ({"x86_python": {"source": "conda"}}, "x86_python.source"),
+        ({"march": "nash-z"}, "march"),
+        ({"steps": {"skip": ["box65"]}}, "steps.skip"),
+        ({"box64": {"source": {"mb_per_job": 10}}}, "mb_per_job"),
+        ({"build_verify": {"timeout_s": -1}}, "build_verify.timeout_s"),
+    ],
+)
+def test_bad_values_name_key_and_fix(override, needle):
+    with pytest.raises(c.ConfigError, match=needle.replace(".", r"\.")):
+        c.validate(c.deep_merge(c.load(), override))
+
+
+def test_to_fill_sha_explains_how(tmp_path):
+    f = tmp_path / "o.yaml"
+    f.write_text("x86_python:\n  tarball:\n    sha256: ''\n")
+    with pytest.raises(c.ConfigError, match="sha256sum cpython-3.11"):
+        c.load(str(f))
+
+
+def test_config_file_errors(tmp_path):
+    with pytest.raises(c.ConfigError, match="does not exist"):
+        c.load(str(tmp_path / "missing.yaml"))
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("policy: [unclosed\n")
+    with pytest.raises(c.ConfigError, match="not valid YAML"):
+        c.load(str(bad))
+
+
+def test_parse_host():
+    h = parse_host("root@192.168.1.10:2222")
+    assert (h.user, h.host, h.port) == ("root", "192.168.1.10", 2222)
+    assert parse_host("board").port == 22 and parse_host("board").user is None
+    assert parse_host("u@[::1]:22").host == "::1"
+    for bad in ("u@@h", "u@h:0", "u@h:70000", "u@h:abc", ""):
+        with pytest.raises(ValueError, match="user@addr|port"):
+            parse_host(bad)
+
+
+def test_step_selection():
+    assert plan.select(None, None, []) == list(c.STEP_NAMES)
+    assert plan.select("envfile,box64", None, []) == ["box64", "envfile"]
+    assert "build_verify" not in plan.select(None, "build-verify", [])
+    assert "build_verify" not in plan.select(None, None, ["build_verify"])
+    assert plan.select("build_verify", None, ["build_verify"]) == ["build_verify"]
+    with pytest.raises(ValueError, match="unknown step"):
+        plan.select("box65", None, [])
