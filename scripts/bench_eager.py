@@ -53,7 +53,10 @@ def workloads() -> dict[str, tuple[Callable[[str], Callable[[], object]], int]]:
     return {
         "add 1M": (make(torch.add, a1m, b1m), 5),
         "matmul 512x512": (make(torch.matmul, m1, m2), 2),
-        "conv 3x3 16ch 64x64": (make(lambda a, b: torch.nn.functional.conv2d(a, b, padding=1), x, w), 2),
+        "conv 3x3 16ch 64x64": (
+            make(lambda a, b: torch.nn.functional.conv2d(a, b, padding=1), x, w),
+            2,
+        ),
         "add 16 (small op)": (make(torch.add, s1, s2), 200),
     }
 
@@ -86,8 +89,10 @@ def main(argv: list[str] | None = None) -> int:
             }
         )
 
-    print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, "
-          f"memory backend {torch.flagos.memory_backend()}, pid {os.getpid()}")
+    print(
+        f"torch {torch.__version__}, threads {torch.get_num_threads()}, "
+        f"memory backend {torch.flagos.memory_backend()}, pid {os.getpid()}"
+    )
     header = f"{'workload':<22}{'cpu us':>10}{'zero-copy us':>14}{'ratio':>8}{'copy us':>10}{'ratio':>8}{'extra us':>10}"
     print(header)
     print("-" * len(header))

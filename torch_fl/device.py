@@ -117,7 +117,7 @@ def get_amp_supported_dtype() -> list[torch.dtype]:
 
 
 def memory_backend() -> str:
-    """"ucp" when the board's libhbucp allocator is in use, else "host"."""
+    """ "ucp" when the board's libhbucp allocator is in use, else "host"."""
     return _C._memory_backend()
 
 

@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/native/CPUFallback.h>
+#include <ATen/record_function.h>
 #include <c10/util/SmallVector.h>
 #include <torch/library.h>
 
@@ -11,6 +12,7 @@
 
 #include "aten/cpu_alias.h"
 #include "runtime/caching_allocator.h"
+#include "runtime/device_guard.h"
 #include "runtime/hooks.h"
 
 namespace torch_fl {
@@ -167,6 +169,11 @@ class ZeroCopyCall {
 };
 
 void flagos_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  // A profiler range per fallback call, carrying the current stream id as its input so traces
+  // (record_shapes=True: "Concrete Inputs") show which stream the work was issued on. The input
+  // is only built while a profiler is recording.
+  RECORD_FUNCTION("flagos::cpu_fallback",
+                  std::vector<c10::IValue>({c10::IValue(current_stream(-1).id())}));
   if (g_copy_mode.load(std::memory_order_relaxed)) {
     at::native::cpu_fallback(op, stack);
     return;

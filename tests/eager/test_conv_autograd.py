@@ -1,7 +1,8 @@
 """Convolution (explicit kernels) and autograd through the fallback, against the CPU."""
 
 import torch
-from conftest import assert_parity, on_device
+
+from tests.eager.parity import assert_parity, on_device
 
 
 def test_conv2d_forward_and_backward():
@@ -66,6 +67,8 @@ def test_sgd_step_matches_cpu():
             loss = torch.nn.functional.cross_entropy(model(inp), tgt)
             loss.backward()
             opt.step()
-    for (name, p_cpu), p_dev in zip(cpu_model.state_dict().items(), dev_model.state_dict().values(), strict=True):
+    for (name, p_cpu), p_dev in zip(
+        cpu_model.state_dict().items(), dev_model.state_dict().values(), strict=True
+    ):
         assert p_dev.device.type == "flagos", name
         torch.testing.assert_close(p_dev.cpu(), p_cpu, msg=name)

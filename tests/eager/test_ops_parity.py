@@ -2,7 +2,8 @@
 
 import pytest
 import torch
-from conftest import assert_parity, on_device
+
+from tests.eager.parity import assert_parity, on_device
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.int64, torch.bool]
 
@@ -28,7 +29,9 @@ def test_elementwise_broadcast(dtype):
         assert_parity(torch.maximum(on_device(a), on_device(b)), torch.maximum(a, b))
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.int64], ids=str)
+@pytest.mark.parametrize(
+    "dtype", [torch.float32, torch.float16, torch.bfloat16, torch.int64], ids=str
+)
 def test_in_place_and_out(dtype):
     a, b = sample((6, 7), dtype, 3), sample((6, 7), dtype, 4)
     da, db = on_device(a), on_device(b)
@@ -127,7 +130,9 @@ def test_to_and_copy_across_devices(dtype):
 
 def test_factories():
     assert_parity(torch.zeros(3, 2, device="flagos"), torch.zeros(3, 2))
-    assert_parity(torch.ones(4, dtype=torch.int64, device="flagos"), torch.ones(4, dtype=torch.int64))
+    assert_parity(
+        torch.ones(4, dtype=torch.int64, device="flagos"), torch.ones(4, dtype=torch.int64)
+    )
     assert_parity(torch.full((2, 2), 3.5, device="flagos"), torch.full((2, 2), 3.5))
     assert_parity(torch.arange(10, device="flagos"), torch.arange(10))
     assert_parity(torch.linspace(0, 1, 5, device="flagos"), torch.linspace(0, 1, 5))

@@ -34,11 +34,20 @@ struct heap {
 static struct heap *g_heap; /* NULL before init and after teardown */
 static int g_torn_down;
 
+static void standin_teardown(void);
+
+/* The real library's heap is a C++ singleton whose destructor is registered with the C runtime's
+ * exit handlers when it is created, i.e. after torch_fl._C has loaded. Exit handlers run in
+ * reverse order of registration, so the heap dies before any static destructor of an object that
+ * existed earlier (torch_fl._C's, or late_free_user.c's below). Registering the teardown with
+ * atexit() from the constructor reproduces that order on every glibc, whatever order the dynamic
+ * loader later finalises the libraries in. */
 __attribute__((constructor)) static void standin_init(void) {
   g_heap = calloc(1, sizeof(struct heap));
+  atexit(standin_teardown);
 }
 
-__attribute__((destructor)) static void standin_teardown(void) {
+static void standin_teardown(void) {
   const char *path = getenv("STANDIN_UCP_STATS");
   if (path != NULL && g_heap != NULL) {
     FILE *f = fopen(path, "w");

@@ -1,0 +1,212 @@
+"""Benchmark of the bpu compile backend (ratios measured in one run on this host).
+
+Measures: per-call host overhead beyond executor time; sim (ORT int8 Q/DQ) vs eager fp32 on the
+6-layer conv stack and ResNet-18; coverage; cosine vs fp32 at the default scale and calibrated;
+first-compile and cache-hit time, each in a fresh process. Prints a table, writes JSON.
+
+  python scripts/bench_compile.py [--json out/bench_compile.json] [--size 224] [--iters 20]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests" / "compile"))  # the one copy of the model set
+
+
+def _median_ms(fn, iters: int, warmup: int = 3) -> float:
+    for _ in range(warmup):
+        fn()
+    samples = []
+    for _ in range(iters):
+        t0 = time.perf_counter()
+        fn()
+        samples.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(samples)
+
+
+def _cos(a, b) -> float:
+    import torch
+
+    return torch.nn.functional.cosine_similarity(a.flatten(), b.flatten(), dim=0).item()
+
+
+def child_compile(cache_dir: str, size: int) -> None:
+    """Run in a fresh process: time the first call (compile) of ResNet-18 under sim."""
+    import torch
+    from models import ResNet18, seeded
+
+    from torch_fl.bpu import report
+
+    torch.set_num_threads(1)
+    model = seeded(ResNet18())
+    x = torch.randn(1, 3, size, size)
+    options = {"executor": "sim", "cache_dir": cache_dir, "sim_threads": 1}
+    compiled = torch.compile(model, backend="bpu", options=options, dynamic=False)
+    t0 = time.perf_counter()
+    with report.collect() as reps, torch.no_grad():
+        compiled(x)
+    total = time.perf_counter() - t0
+    build = reps[0].runtimes[0].last_build
+    print(
+        json.dumps(
+            {
+                "first_call_s": total,
+                "cache_hit": build.cache_hit,
+                "exported": build.exported,
+                "compiled": build.compiled,
+                "build_s": build.timings.get("total_s"),
+            }
+        )
+    )
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--json", default=str(ROOT / "out" / "bench_compile.json"))
+    parser.add_argument("--size", type=int, default=224)
+    parser.add_argument("--iters", type=int, default=20)
+    parser.add_argument("--calib-samples", type=int, default=16)
+    parser.add_argument("--child-compile", metavar="CACHE_DIR")
+    args = parser.parse_args()
+    if args.child_compile:
+        child_compile(args.child_compile, args.size)
+        return 0
+
+    import torch
+    from models import ConvStack, ResNet18, TransformerBlock, seeded
+
+    import torch_fl.bpu as bpu
+    from torch_fl.bpu import report
+
+    torch.set_num_threads(1)
+    results: dict = {"size": args.size, "threads": 1}
+    tmp_cache = tempfile.mkdtemp(prefix="bench-bpu-cache-")
+    base = {"executor": "sim", "sim_threads": 1, "cache_dir": tmp_cache}
+
+    # 1. per-call overhead: tiny model, compiled call minus the executor's own time
+    lin = torch.nn.Linear(16, 16).eval()
+    xl = torch.randn(1, 16)
+    with report.collect() as reps, torch.no_grad():
+        comp = torch.compile(lin, backend="bpu", options=base, dynamic=False)
+        comp(xl)
+    rt = reps[0].runtimes[0]
+    run = rt._exec
+    captured: dict = {}
+
+    def capture(partition_args):
+        captured["args"] = list(partition_args)
+        return run(partition_args)
+
+    rt._exec = capture
+    with torch.no_grad():
+        comp(xl)
+    rt._exec = run
+    pargs = captured["args"]
+    with torch.no_grad():
+        full = _median_ms(lambda: comp(xl), 2000, 50)
+        t_exec = _median_ms(lambda: run(pargs), 2000, 50)
+        part = _median_ms(lambda: rt(*pargs), 2000, 50)
+        eager = _median_ms(lambda: lin(xl), 2000, 50)
+        torch._dynamo.reset()
+        aot = torch.compile(lin, backend="aot_eager", dynamic=False)
+        aot(xl)
+        aot_eager = _median_ms(lambda: aot(xl), 2000, 50)
+    results["overhead"] = {
+        "compiled_call_ms": full,
+        "executor_ms": t_exec,
+        "overhead_beyond_executor_ms": full - t_exec,
+        "partition_layer_overhead_ms": part - t_exec,
+        "eager_linear_ms": eager,
+        "dynamo_aot_eager_overhead_ms": aot_eager - eager,
+    }
+
+    # 2./4. speed, coverage and accuracy per model
+    def bench_model(name, model, x, calib):
+        entry: dict = {}
+        with torch.no_grad():
+            ref = model(x)
+            entry["eager_ms"] = _median_ms(lambda: model(x), args.iters)
+            torch._dynamo.reset()
+            compiled = torch.compile(model, backend="bpu", options=base, dynamic=False)
+            with report.collect() as reps:
+                default_out = compiled(x)
+            rep = report.Report(reps)
+            entry["coverage_pct"] = rep.coverage_pct
+            entry["partitions"] = len(rep.partitions)
+            entry["cos_default"] = _cos(default_out, ref)
+            if calib:
+                samples = [torch.randn_like(x) for _ in range(args.calib_samples)]
+                bpu.calibrate(compiled, samples)
+                entry["cos_calibrated"] = _cos(compiled(x), ref)
+            entry["sim_ms"] = _median_ms(lambda: compiled(x), args.iters)
+        entry["sim_speedup"] = entry["eager_ms"] / entry["sim_ms"]
+        results[name] = entry
+
+    s = args.size
+    bench_model("conv_stack", seeded(ConvStack()), torch.randn(1, 3, s, s), True)
+    bench_model("resnet18", seeded(ResNet18()), torch.randn(1, 3, s, s), True)
+    bench_model("transformer", seeded(TransformerBlock()), torch.randn(1, 16, 32), True)
+
+    # 5. first compile and cache hit, each in a fresh process
+    fresh_cache = tempfile.mkdtemp(prefix="bench-bpu-fresh-")
+    env = dict(os.environ)
+    for label in ("first_compile", "cache_hit"):
+        out = subprocess.run(
+            [sys.executable, __file__, "--child-compile", fresh_cache, "--size", str(s)],
+            capture_output=True,
+            text=True,
+            env=env,
+            check=True,
+        )
+        results[label] = json.loads(out.stdout.strip().splitlines()[-1])
+
+    _print_table(results)
+    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.json).write_text(json.dumps(results, indent=1))
+    print(f"JSON: {args.json}")
+    return 0
+
+
+def _print_table(r: dict) -> None:
+    o = r["overhead"]
+    rows = [
+        ("per-call overhead beyond executor (ms, target <= 0.1)", o["overhead_beyond_executor_ms"]),
+        ("  of which partition layer (ms)", o["partition_layer_overhead_ms"]),
+        ("  baseline: torch.compile(aot_eager) over eager (ms)", o["dynamo_aot_eager_overhead_ms"]),
+    ]
+    for name in ("conv_stack", "resnet18", "transformer"):
+        m = r[name]
+        rows += [
+            (f"{name}: eager fp32 ms", m["eager_ms"]),
+            (f"{name}: sim ms", m["sim_ms"]),
+            (f"{name}: sim speedup (target >= 1.5)", m["sim_speedup"]),
+            (f"{name}: coverage % ({m['partitions']} partition(s))", m["coverage_pct"]),
+            (f"{name}: cosine default scale", m["cos_default"]),
+            (f"{name}: cosine calibrated", m.get("cos_calibrated", float("nan"))),
+        ]
+    rows += [
+        ("first compile, fresh process (s)", r["first_compile"]["first_call_s"]),
+        ("cache hit, fresh process (s)", r["cache_hit"]["first_call_s"]),
+        (
+            "cache hit exported / compiled",
+            f"{r['cache_hit']['exported']} / {r['cache_hit']['compiled']}",
+        ),  # fmt: skip
+    ]
+    width = max(len(k) for k, _ in rows)
+    for key, value in rows:
+        text = f"{value:.4f}" if isinstance(value, float) else str(value)
+        print(f"{key:<{width}}  {text}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,133 @@
+"""invoke tasks for the bpu compile backend: the artifact cache, x86-host compile, shipping.
+
+invoke cache.list | cache.clean [--older-than-days N]
+invoke compile-host --model tests.compile.models:ResNet18 --shape 1,3,224,224 [--calibration F]
+invoke ship-cache --dest user@board[:DIR] | --dest /local/dir
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import tarfile
+import tempfile
+from pathlib import Path
+
+from invoke import Collection, task
+
+
+def _cache_root(cache_dir: str | None) -> Path:
+    from torch_fl.bpu.settings import resolve
+
+    return Path(cache_dir or resolve().cache_dir)
+
+
+@task(help={"cache_dir": "cache root (default $FLAGOS_BPU_CACHE)", "json_out": "print JSON"})
+def cache_list(c, cache_dir=None, json_out=False):
+    """List cached BPU artifacts."""
+    from torch_fl.bpu.cache import ArtifactCache
+
+    entries = ArtifactCache(_cache_root(cache_dir)).entries()
+    if json_out:
+        print(json.dumps(entries, indent=1))
+        return
+    print(f"{len(entries)} artifact(s) in {_cache_root(cache_dir)}")
+    for e in entries:
+        flag = " CORRUPT" if e["corrupt"] else ""
+        print(f"  {e['key'][:16]}  {e['size']:>10} B  {e['march']}  {e['compiler']}  "
+              f"{','.join(e['files'])}{flag}")  # fmt: skip
+
+
+@task(help={"older_than_days": "only entries older than this", "cache_dir": "cache root"})
+def cache_clean(c, older_than_days=None, cache_dir=None):
+    """Remove cached BPU artifacts (all, or older than N days)."""
+    from torch_fl.bpu.cache import ArtifactCache
+
+    older = float(older_than_days) * 86400 if older_than_days is not None else None
+    removed = ArtifactCache(_cache_root(cache_dir)).clean(older)
+    print(f"removed {removed} artifact(s)")
+
+
+def _load_model(spec: str):
+    module_name, _, attr = spec.partition(":")
+    if not attr:
+        raise SystemExit(f"--model must be module:callable (e.g. models:ResNet18), got {spec!r}")
+    return getattr(importlib.import_module(module_name), attr)()
+
+
+@task(
+    help={
+        "model": "module:callable returning an nn.Module (e.g. tests.compile.models:ResNet18)",
+        "shape": "input shape, comma separated (default 1,3,224,224)",
+        "calibration": "calibration JSON from torch_fl.bpu.calibrate(...).save()",
+        "march": "BPU march (default $FLAGOS_BPU_MARCH or nash-e)",
+        "state_dict": "optional .pt state dict to load into the model",
+    }
+)
+def compile_host(c, model, shape="1,3,224,224", calibration=None, march=None, state_dict=None):
+    """Compile a model's partitions to .hbm artifacts with native hbdk4 (x86_64 host)."""
+    import torch
+
+    from torch_fl.bpu import drivers, report
+
+    info = drivers.discover(refresh=True)
+    if info.kind != "native":
+        raise SystemExit(
+            f"compile-host needs a native hbdk4 (found {info.kind}: {info.detail}). Install the "
+            "OE hbdk4 wheels into this Python or set FLAGOS_BPU_X86_PYTHON."
+        )
+    net = _load_model(model).eval()
+    if state_dict:
+        net.load_state_dict(torch.load(state_dict, map_location="cpu"))
+    options = {"executor": "eager", "compile_artifact": "always"}
+    if calibration:
+        options["calibration"] = calibration
+    if march:
+        options["march"] = march
+    x = torch.randn(*[int(s) for s in shape.split(",")])
+    with report.collect() as reps, torch.no_grad():
+        torch.compile(net, backend="bpu", options=options, dynamic=False)(x)
+    for g in reps:
+        for rt in g.runtimes:
+            b = rt.last_build
+            print(f"partition {rt.spec.index}: key {b.artifact.key[:16]} compiled={b.compiled}")
+    print(f"artifacts in {_cache_root(None)}; ship them with `invoke ship-cache --dest ...`")
+
+
+@task(help={"dest": "user@host[:dir] (ssh) or a local directory", "cache_dir": "cache root"})
+def ship_cache(c, dest, cache_dir=None):
+    """Copy the artifact cache (artifacts + index) to a board, where the same keys hit."""
+    root = _cache_root(cache_dir)
+    if not (root / "artifacts").is_dir():
+        raise SystemExit(f"nothing to ship: {root}/artifacts does not exist")
+    with tempfile.TemporaryDirectory() as tmp:
+        bundle = Path(tmp) / "bpu-cache.tar.gz"
+        with tarfile.open(bundle, "w:gz") as tar:
+            for sub in ("artifacts", "index"):
+                if (root / sub).is_dir():
+                    tar.add(root / sub, arcname=sub)
+        if "@" in dest or (":" in dest and not os.path.isabs(dest)):
+            from fabric import Connection
+
+            host, _, remote_dir = dest.partition(":")
+            remote_dir = remote_dir or "~/.cache/torch-fl/bpu"
+            conn = Connection(host)
+            conn.run(f"mkdir -p {remote_dir}")
+            conn.put(str(bundle), "/tmp/bpu-cache.tar.gz")
+            conn.run(f"tar -xzf /tmp/bpu-cache.tar.gz -C {remote_dir} && rm /tmp/bpu-cache.tar.gz")
+        else:
+            Path(dest).mkdir(parents=True, exist_ok=True)
+            with tarfile.open(bundle) as tar:
+                tar.extractall(dest, filter="data")
+    print(f"shipped {root} -> {dest}")
+
+
+def register(ns: Collection) -> None:
+    """Add `cache` (list/clean), `compile-host` and `ship-cache` to the root collection."""
+    cache = Collection("cache")
+    cache.add_task(cache_list, name="list")
+    cache.add_task(cache_clean, name="clean")
+    ns.add_collection(cache)
+    ns.add_task(compile_host, name="compile-host")
+    ns.add_task(ship_cache, name="ship-cache")

@@ -1,0 +1,95 @@
+"""invoke lab.up / lab.status / lab.ssh / lab.down / lab.clean: the emulated board lab.
+
+See docs/board-lab.md. Products (kernel, root file system) are cached outside the repository;
+`lab.clean` removes them.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from invoke import Collection, task
+from invoke.exceptions import Exit
+
+
+@task(help={"page_size": "guest kernel page size: 64k (built from Debian's source) or 16k"})
+def up(c, page_size=None):
+    """Start the emulated board (building and caching its kernel and rootfs when missing)."""
+    from scripts import lab
+    from scripts.lab import vm
+
+    page_size = page_size or lab.DEFAULT_PAGE_SIZE
+    ok, why = lab.capability(page_size)
+    if not ok:
+        raise Exit(f"lab.up: the lab cannot start here: {why}", code=2)
+    try:
+        info, timings = vm.up(page_size)
+    except Exception as exc:  # noqa: BLE001 - report any build/boot failure with its message
+        raise Exit(f"lab.up: {exc}", code=1) from exc
+    print(f"lab up ({info.page_size} pages), pid {info.pid}: ssh {info.host}")
+    print(f"  timings: {timings}")
+    print(
+        f"  provision: invoke provision --host {info.host} --config <yaml with ssh.known_hosts: "
+        f"{info.known_hosts}, ssh.identity: {info.identity}>"
+    )
+
+
+@task
+def status(c):
+    """Show whether a lab is running, its port, and what the guest reports."""
+    from scripts.lab import cache, vm
+
+    info = vm.running()
+    print(f"cache: {cache.cache_root()}")
+    for entry in sorted(cache.cache_root().glob("*-*")) if cache.cache_root().is_dir() else []:
+        if (entry / cache.DONE_MARKER).is_file():
+            print(f"  {entry.name}: {cache.metadata(entry).get('build_s', '?')} s to build")
+    if info is None:
+        print("lab: not running")
+        return
+    res = vm.ssh_run(info, "uname -m; getconf PAGESIZE; uname -r", timeout=30)
+    print(f"lab: running, pid {info.pid}, {info.host}, page size {info.page_size}")
+    print(f"  guest: {' '.join(res.stdout.split()) or res.stderr.strip()}")
+    print(f"  known_hosts {info.known_hosts}, identity {info.identity}")
+
+
+@task(help={"command": "run this command instead of an interactive shell"})
+def ssh(c, command=None):
+    """Open a shell (or run a command) on the running lab."""
+    from scripts.lab import vm
+
+    info = vm.running()
+    if info is None:
+        raise Exit("lab.ssh: no lab is running; start one with `invoke lab.up`", code=2)
+    argv = info.ssh_argv()
+    if command is None:
+        argv = [a for a in argv if a != "BatchMode=yes"]
+        argv.insert(1, "-t")
+    else:
+        argv.append(command)
+    sys.stdout.flush()
+    os.execvp(argv[0], argv)
+
+
+@task
+def down(c):
+    """Stop the running lab (by its recorded PID)."""
+    from scripts.lab import vm
+
+    print("lab stopped" if vm.down() else "lab: not running")
+
+
+@task
+def clean(c):
+    """Stop the lab and remove every cached lab product (kernels, root file systems)."""
+    from scripts.lab import cache, vm
+
+    vm.down()
+    for path in cache.clean():
+        print(f"removed {path}")
+
+
+def register(ns: Collection) -> None:
+    """Add the `lab` collection to the root collection."""
+    ns.add_collection(Collection("lab", up, status, ssh, down, clean))

@@ -1,0 +1,47 @@
+"""`python -m scripts.testmatrix`: the matrix runner without invoke (CI, tests, debugging)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from scripts.testmatrix.schema import MatrixError
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m scripts.testmatrix")
+    parser.add_argument("--root", type=Path, default=Path.cwd(), help="repository root")
+    parser.add_argument("--file", type=Path, default=None, help="matrix file (ROOT/matrix.yaml)")
+    parser.add_argument("--lane", action="append", help="lane(s) to run; repeat or comma list")
+    parser.add_argument("--list", action="store_true", help="show the plan, run nothing")
+    parser.add_argument("--platform", help="force a named capability profile (dry run)")
+    parser.add_argument("--json", type=Path, help="write the JSON summary here")
+    parser.add_argument("--junit-dir", type=Path, help="junit XML per lane (out/matrix/junit)")
+    parser.add_argument("--out-dir", type=Path, help="logs and results (ROOT/out/matrix)")
+    parser.add_argument("--workers", type=int, help="override every lane's workers (measuring)")
+    parser.add_argument("--require", action="append", help="fail if this lane cannot run")
+    args = parser.parse_args(argv)
+    from scripts.testmatrix.runner import run_matrix
+
+    root = args.root.resolve()
+    try:
+        return run_matrix(
+            root=root,
+            matrix_file=args.file or root / "matrix.yaml",
+            lanes=args.lane,
+            platform=args.platform,
+            list_only=args.list,
+            json_path=args.json,
+            junit_dir=args.junit_dir,
+            out_dir=args.out_dir,
+            workers=args.workers,
+            require=args.require,
+        )
+    except MatrixError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

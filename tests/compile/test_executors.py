@@ -1,0 +1,159 @@
+import warnings
+
+import pytest
+import torch
+from torch import nn
+
+import torch_fl.bpu as bpu
+from tests.compile.bpu_helpers import compile_bpu, cosine
+from tests.compile.models import ConvStack, DepthwiseSeparable, ResNet18, seeded
+from torch_fl.bpu import backend, report
+
+
+def test_auto_without_board_is_eager_bit_exact_with_one_warning(monkeypatch):
+    monkeypatch.setattr(backend, "_warned_no_board", False)
+    model = seeded(DepthwiseSeparable())
+    x = torch.randn(1, 8, 16, 16)
+    with warnings.catch_warnings(record=True) as caught, torch.no_grad():
+        warnings.simplefilter("always")
+        out = compile_bpu(model)(x)
+        torch._dynamo.reset()
+        compile_bpu(seeded(ConvStack()))(torch.randn(1, 3, 8, 8))
+    assert torch.equal(out, model(x))
+    assert len([w for w in caught if "no BPU runtime" in str(w.message)]) == 1
+
+
+def test_sim_resnet18_calibrated_cosine():
+    model = seeded(ResNet18())
+    samples = [torch.randn(1, 3, 64, 64) for _ in range(3)]
+    compiled = compile_bpu(model, executor="sim")
+    with torch.no_grad():
+        default = compiled(samples[0])
+        cal = bpu.calibrate(compiled, samples)
+        calibrated = compiled(samples[0])
+        ref = model(samples[0])
+    assert len(cal) == 1
+    assert cosine(calibrated, ref) >= 0.99
+    assert cosine(calibrated, ref) > cosine(default, ref)
+
+
+class TwoParts(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Conv2d(3, 4, 3, padding=1)
+        self.b = nn.Conv2d(4, 4, 3, padding=1)
+
+    def forward(self, x):
+        y = torch.relu(self.a(x))
+        y = torch.cumsum(y, 1) * 0.1  # unsupported: splits the model in two partitions
+        return torch.relu(self.b(y))
+
+
+def test_calibration_reaches_every_partition_and_round_trips(tmp_path):
+    model = TwoParts().eval()
+    x = torch.randn(1, 3, 8, 8) * 0.01  # activations far below the default scale
+    compiled = compile_bpu(model, executor="sim")
+    with report.collect() as reps, torch.no_grad():
+        compiled(x)
+        cal = bpu.calibrate(compiled, [x], method="percentile", percentile=99.9)
+        out = compiled(x)
+    parts = reps[0].runtimes
+    assert len(parts) == 2 and len(cal) == 2
+    for rt in parts:
+        assert rt.scales and all(s != 0.05 for s in rt.scales.values())
+        assert rt.builds == 2  # rebuilt with the calibrated scales
+    assert cosine(out, model(x)) >= 0.99
+    path = tmp_path / "cal.json"
+    cal.save(path)
+    torch._dynamo.reset()
+    with report.collect() as reps2, torch.no_grad():
+        out2 = compile_bpu(model, executor="sim", calibration=str(path))(x)
+    assert torch.equal(out2, out)
+    assert [rt.scales for rt in reps2[0].runtimes] == [rt.scales for rt in parts]
+
+
+def test_first_call_calibration():
+    model = TwoParts().eval()
+    x = torch.randn(1, 3, 8, 8) * 0.01
+    with report.collect() as reps, torch.no_grad():
+        out = compile_bpu(model, executor="sim", calibrate="first-call")(x)
+    assert all(rt.scales for rt in reps[0].runtimes)
+    assert cosine(out, model(x)) >= 0.99
+
+
+@pytest.mark.parametrize("how", ["load_state_dict", "optimizer"])
+def test_stale_weights_rebuild(how):
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU()).eval()
+    x = torch.randn(1, 3, 8, 8)
+    compiled = compile_bpu(model, executor="sim", quantize=False)
+    with report.collect() as reps, torch.no_grad():
+        before = compiled(x)
+    if how == "load_state_dict":
+        state = {k: v * -1 for k, v in model.state_dict().items()}
+        model.load_state_dict(state)
+    else:
+        with torch.no_grad():
+            model[0].weight.mul_(-1)
+            model[0].bias.mul_(-1)
+    with torch.no_grad():
+        after = compiled(x)
+    assert reps[0].runtimes[0].builds == 2
+    assert torch.allclose(after, model(x), atol=1e-5) and not torch.allclose(after, before)
+
+
+def test_stale_weights_eager_fallback():
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU()).eval()
+    x = torch.randn(1, 3, 8, 8)
+    compiled = compile_bpu(model, executor="sim", on_stale="eager")
+    with report.collect() as reps, torch.no_grad():
+        compiled(x)
+        model[0].weight.add_(1.0)
+        with pytest.warns(UserWarning, match="frozen weights changed"):
+            out = compiled(x)
+    assert torch.equal(out, model(x)) and reps[0].runtimes[0].kind == "eager"
+
+
+def test_strict_mode():
+    with pytest.raises(Exception, match="strict: nodes not offloaded.*cumsum"):
+        with torch.no_grad():
+            compile_bpu(TwoParts().eval(), executor="sim", strict=True)(torch.randn(1, 3, 8, 8))
+    torch._dynamo.reset()
+    with pytest.raises(Exception, match="strict: partitions would run eagerly"):
+        with torch.no_grad():
+            compile_bpu(seeded(ConvStack()), strict=True)(torch.randn(1, 3, 8, 8))
+    torch._dynamo.reset()
+    model = seeded(ConvStack())
+    x = torch.randn(1, 3, 8, 8)
+    with torch.no_grad():
+        out = compile_bpu(model, executor="sim", strict=True)(x)
+    assert cosine(out, model(x)) > 0.95
+
+
+def test_training_never_reaches_bpu_pipeline():
+    model = seeded(ConvStack(4)).train()
+    ref = seeded(ConvStack(4)).train()
+    x = torch.randn(2, 3, 8, 8)
+    with report.collect() as reps:
+        compile_bpu(model, executor="sim")(x).sum().backward()
+    ref(x).sum().backward()
+    assert reps == []  # neither forward nor backward of training went to the BPU path
+    for p, q in zip(model.parameters(), ref.parameters(), strict=False):
+        assert torch.allclose(p.grad, q.grad, atol=1e-5)
+
+
+def test_profiler_ranges_and_report():
+    model = TwoParts().eval()
+    x = torch.randn(1, 3, 8, 8)
+    compiled = compile_bpu(model, executor="sim")
+    with torch.no_grad():
+        compiled(x)
+        with torch.profiler.profile() as prof:
+            compiled(x)
+    names = {e.name for e in prof.events()}
+    assert {"bpu::partition0[sim]", "bpu::partition1[sim]"} <= names
+    torch._dynamo.reset()
+    rep = bpu.explain(model, x, executor="sim")
+    data = rep.to_dict()
+    assert data["graphs"][0]["partitions"][0]["executor"] == "sim"
+    assert 0 < rep.coverage_pct < 100 and "cumsum" in rep.table()
+    assert rep.partitions[0].inputs == [[1, 3, 8, 8]]

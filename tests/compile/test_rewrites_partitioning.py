@@ -1,0 +1,90 @@
+import torch
+from torch import nn
+
+from tests.compile.bpu_helpers import compile_bpu
+from torch_fl.bpu import report
+
+
+class BnPool(nn.Module):
+    def __init__(self, return_indices: bool = False) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3)
+        self.bn = nn.BatchNorm2d(4)
+        self.pool = nn.MaxPool2d(2, return_indices=return_indices)
+        self.fc = nn.Linear(4 * 3 * 3, 5)
+        self.return_indices = return_indices
+
+    def forward(self, x):
+        y = self.pool(torch.relu(self.bn(self.conv(x))))
+        if self.return_indices:
+            y, idx = y
+            y = y + idx.float() * 0  # really uses the indices
+        return torch.softmax(self.fc(y.flatten(1)), -1)
+
+
+def _explain(model, *inputs, **options):
+    with report.collect() as reps, torch.no_grad():
+        out = compile_bpu(model, **options)(*inputs)
+    return out, reps
+
+
+def test_tuple_ops_rewritten_and_one_partition():
+    model = BnPool().eval()
+    x = torch.randn(1, 3, 8, 8)
+    out, reps = _explain(model, x, executor="eager")
+    assert torch.equal(out, model(x))
+    g = reps[0]
+    assert g.rewrites["batch_norm"] == 1 and g.rewrites["max_pool2d"] == 1
+    assert g.rewrites["softmax"] == 1 and g.rewrites["permute"] == 1
+    assert len(g.partitions) == 1 and not [n for n in g.cpu_nodes if "getitem" not in n["target"]]
+    assert g.partitions[0].compute_nodes == g.compute_total
+
+
+def test_used_indices_keep_tuple_op_and_getitem_does_not_poison():
+    model = BnPool(return_indices=True).eval()
+    x = torch.randn(1, 3, 8, 8)
+    out, reps = _explain(model, x, executor="eager")
+    assert torch.allclose(out, model(x))
+    g = reps[0]
+    assert "max_pool2d" not in g.rewrites  # indices are used: kept as the tuple op
+    reasons = {n["target"]: n["reason"] for n in g.cpu_nodes}
+    assert reasons["aten.max_pool2d_with_indices.default"].startswith("tuple boundary")
+    assert any(r.startswith("tuple boundary: reads an output") for r in reasons.values())
+    # partitions on both sides, and none of them swallowed a getitem of the CPU tuple op
+    assert len(g.partitions) >= 2
+    for rt in g.runtimes:
+        targets = [str(n.target) for n in rt.spec.gm.graph.nodes]
+        assert "<built-in function getitem>" not in targets
+
+
+def test_unsupported_op_dtype_symbolic_and_min_size_reasons():
+    class Mixed(nn.Module):
+        def forward(self, x, idx):
+            y = torch.cumsum(x * 2, 1)  # unsupported op
+            return y + 1, idx * 3  # integer elementwise: dtype
+
+    with report.collect() as reps, torch.no_grad():
+        compile_bpu(Mixed(), executor="eager", min_partition_ops=2)(
+            torch.randn(2, 4), torch.arange(4)
+        )
+    reasons = " | ".join(n["reason"] for n in reps[0].cpu_nodes)
+    assert "unsupported op: aten.cumsum" in reasons
+    assert "dtype: output is torch.int64" in reasons
+    assert "below minimum size" in reasons
+
+    torch._dynamo.reset()
+    with report.collect() as reps, torch.no_grad():
+        fn = torch.compile(nn.ReLU(), backend="bpu", dynamic=True, options={"executor": "eager"})
+        fn(torch.randn(3, 4))
+    assert any("symbolic shape" in n["reason"] for n in reps[0].cpu_nodes)
+
+
+def test_split_becomes_slices_transformer_fully_covered():
+    from tests.compile.models import TransformerBlock, seeded
+
+    model = seeded(TransformerBlock())
+    x = torch.randn(1, 8, 32)
+    out, reps = _explain(model, x, executor="eager")
+    assert torch.allclose(out, model(x), atol=1e-6)
+    rep = report.Report(reps)
+    assert rep.coverage_pct >= 95.0 and reps[0].rewrites["split"] == 1

@@ -1,0 +1,22 @@
+"""torch.compile backend "bpu" for RDK S-series BPUs. See docs/compile.md and README.md here."""
+
+from torch_fl.bpu.backend import bpu_backend
+from torch_fl.bpu.calibrate import calibrate
+from torch_fl.bpu.conversion.calibration import Calibration
+from torch_fl.bpu.drivers import discover
+from torch_fl.bpu.report import Report, explain
+from torch_fl.bpu.runtime.partition import StrictModeError
+from torch_fl.bpu.settings import BpuSettings, SettingsError, resolve
+
+__all__ = [
+    "BpuSettings",
+    "Calibration",
+    "Report",
+    "SettingsError",
+    "StrictModeError",
+    "bpu_backend",
+    "calibrate",
+    "discover",
+    "explain",
+    "resolve",
+]

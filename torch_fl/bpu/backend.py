@@ -1,0 +1,184 @@
+"""`torch.compile(model, backend="bpu")`: the registered backend function.
+
+aot_autograd turns Dynamo's graph into aten ops. Only the *inference* graph reaches the BPU
+pipeline (rewrite -> partition -> per-partition runtime); training forward and backward graphs
+run on the host, because hbdk4 artifacts are inference-only and int8 forward numerics would
+corrupt gradients.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import sys
+import warnings
+from typing import Any
+
+import torch
+from torch import fx
+from torch._dynamo.backends.common import aot_autograd
+from torch._functorch.aot_autograd import make_boxed_func
+
+from torch_fl.bpu import report as reporting
+from torch_fl.bpu.build import PartitionSpec
+from torch_fl.bpu.lowering import apply_rewrites
+from torch_fl.bpu.partitioning import partition_graph
+from torch_fl.bpu.report import GraphReport, PartitionEntry
+from torch_fl.bpu.runtime.executors import hbm_runtime_available
+from torch_fl.bpu.runtime.partition import PartitionRuntime, StrictModeError
+from torch_fl.bpu.settings import BpuSettings, resolve
+
+log = logging.getLogger("torch_fl.bpu")
+_warned_no_board = False
+_graph_counter = 0
+
+
+def _host_compiler(gm: fx.GraphModule, example_inputs):
+    """Training forward/backward: plain host execution, never the BPU compiler."""
+    return make_boxed_func(gm.forward)
+
+
+def plan_executor(settings: BpuSettings) -> tuple[str, str]:
+    """The executor every partition of this graph will use, and why."""
+    global _warned_no_board
+    if settings.executor == "eager":
+        return "eager", "executor='eager' requested"
+    if settings.executor == "sim":
+        return "sim", ""
+    board = hbm_runtime_available()
+    if settings.executor == "hbm":
+        if not board:
+            raise RuntimeError(
+                "executor='hbm' needs the board runtime module hbm_runtime, which is not "
+                "importable here. Fix: run on an RDK S-series board, or use executor='sim' to "
+                "simulate the int8 numerics on this host"
+            )
+        return "hbm", ""
+    if board:
+        return "hbm", ""
+    reason = "no BPU runtime (hbm_runtime) on this machine"
+    if not _warned_no_board and not settings.strict:
+        _warned_no_board = True
+        warnings.warn(
+            f"torch_fl.bpu: {reason}; BPU partitions run eagerly on the CPU (bit-exact). Use "
+            "options={'executor': 'sim'} to run the int8 Q/DQ graph on the host, or "
+            "options={'executor': 'eager'} to silence this warning.",
+            stacklevel=2,
+        )
+    return "eager", reason
+
+
+def _shape(node: fx.Node):
+    val = node.meta.get("val")
+    return list(val.shape) if isinstance(val, torch.Tensor) else None
+
+
+def _static_indices(n_inputs: int) -> set[int]:
+    from torch._guards import TracingContext
+
+    ctx = TracingContext.try_get()
+    meta = getattr(ctx, "fw_metadata", None) if ctx is not None else None
+    indices = getattr(meta, "static_input_indices", None) or []
+    return {i for i in indices if i < n_inputs}
+
+
+def compile_inference(gm: fx.GraphModule, example_inputs, settings: BpuSettings):
+    """The BPU pipeline for one inference graph. Runs under fake mode: no real tensor work."""
+    global _graph_counter
+    graph_id = _graph_counter
+    _graph_counter += 1
+    static = _static_indices(len(example_inputs))
+    rewrites = apply_rewrites(gm)
+    plan = partition_graph(gm, settings.min_partition_ops)
+    fused = plan.graph_module
+    greport = GraphReport(
+        graph_id,
+        cpu_nodes=[vars(r) for r in plan.rejected],
+        compute_total=plan.total_compute,
+        rewrites=dict(rewrites),
+    )
+    greport.runtimes = []  # not a dataclass field: kept out of JSON, used by tests/tools
+    if settings.strict and any(r.target != "<built-in function getitem>" for r in plan.rejected):
+        details = "; ".join(f"{r.node} ({r.target}): {r.reason}" for r in plan.rejected)
+        raise StrictModeError(f"strict: nodes not offloaded to the BPU: {details}")
+    kind, reason = plan_executor(settings)
+    if settings.strict and kind == "eager":
+        raise StrictModeError(
+            f"strict: partitions would run eagerly on the CPU ({reason}). Fix: run on a board, "
+            "or use executor='sim' to accept the host simulation as offloaded"
+        )
+
+    placeholders = [n for n in fused.graph.nodes if n.op == "placeholder"]
+    index_of = {node: i for i, node in enumerate(placeholders)}
+    calls = {n.target: n for n in fused.graph.nodes if n.op == "call_module"}
+    for number, name in enumerate(plan.partition_names):
+        call = calls[name]
+        sub = fused.get_submodule(name)
+        sub_inputs = [n for n in sub.graph.nodes if n.op == "placeholder"]
+        frozen = tuple(
+            i
+            for i, a in enumerate(call.args)
+            if isinstance(a, fx.Node) and index_of.get(a) in static
+        )
+        runtime_positions = tuple(i for i in range(len(call.args)) if i not in frozen)
+        output = next(n for n in sub.graph.nodes if n.op == "output")
+        outs = list(output.args[0])
+        spec = PartitionSpec(
+            index=number,
+            name=name,
+            gm=sub,
+            frozen_positions=frozen,
+            runtime_positions=runtime_positions,
+            input_names=tuple(sub_inputs[i].name for i in runtime_positions),
+            n_outputs=len(outs),
+        )
+        entry = PartitionEntry(
+            id=number,
+            name=name,
+            compute_nodes=plan.compute_counts[name],
+            nodes=sum(1 for n in sub.graph.nodes if n.op == "call_function"),
+            inputs=[_shape(sub_inputs[i]) for i in runtime_positions],
+            outputs=[_shape(o) if isinstance(o, fx.Node) else None for o in outs],
+            frozen_params=len(frozen),
+            executor=kind,
+            fingerprint=spec.fingerprint,
+        )
+        greport.partitions.append(entry)
+        part = PartitionRuntime(spec, settings, kind, reason, entry)
+        greport.runtimes.append(part)
+        fused.add_submodule(name, part)
+    fused.recompile()
+    fused.bpu_report = greport
+    reporting.register(greport)
+    if settings.report != "none":
+        text = reporting.Report([greport])
+        print(text.table() if settings.report == "table" else text.to_json(), file=sys.stderr)
+    log.info("bpu graph %d: %d partition(s)", graph_id, len(plan.partition_names))
+    return make_boxed_func(fused.forward)
+
+
+def bpu_backend(gm: fx.GraphModule, example_inputs, options: dict[str, Any] | None = None):
+    """torch.compile backend "bpu"; `options` are documented in torch_fl.bpu.settings."""
+    settings = resolve(options)
+    inference = functools.partial(compile_inference, settings=settings)
+    return aot_autograd(
+        fw_compiler=_host_compiler,
+        bw_compiler=_host_compiler,
+        inference_compiler=inference,
+    )(gm, example_inputs)
+
+
+def register() -> None:
+    """Register "bpu" with Dynamo unless it is already known (entry point or earlier import)."""
+    from torch._dynamo.backends import registry
+
+    if "bpu" in registry._COMPILER_FNS:
+        return
+    if registry._BACKENDS.get("bpu") is not None:
+        # Known through the torch_dynamo_backends entry point: lookup_backend() loads and
+        # registers it itself, and registering here too would be a duplicate-name error.
+        return
+    registry.register_backend(bpu_backend, name="bpu")
+
+
+register()

@@ -1,0 +1,213 @@
+"""Turn one partition into an artifact and an executor: freeze -> export -> Q/DQ -> cache -> hbdk4.
+
+The fast path for a fresh process is the graph key: a hash of the FX graph, the runtime input
+shapes, every frozen weight byte, the quantization settings and scales and the march. The cache
+index maps it to artifact keys, so a warm cache loads the artifact with no ONNX export and no
+compiler call. On a miss the canonical quantized ONNX bytes give the artifact key proper.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from torch import fx
+from torch.utils._python_dispatch import _disable_current_modes
+
+from torch_fl.bpu.cache import Artifact, ArtifactCache, artifact_key
+from torch_fl.bpu.conversion.export import OPSET, canonical_bytes, export_onnx
+from torch_fl.bpu.conversion.freezing import freeze
+from torch_fl.bpu.conversion.qdq import quantize_model
+from torch_fl.bpu.drivers import CompilerInfo, compile_onnx, discover
+from torch_fl.bpu.settings import BpuSettings
+
+PIPELINE_VERSION = "torch-fl-bpu-1"
+
+
+@dataclass
+class PartitionSpec:
+    """What the partitioner decided about one partition; fixed for the compiled graph."""
+
+    index: int
+    name: str
+    gm: fx.GraphModule
+    frozen_positions: tuple[int, ...]
+    runtime_positions: tuple[int, ...]
+    input_names: tuple[str, ...]
+    n_outputs: int
+    fingerprint: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.fingerprint:
+            h = hashlib.sha256(self.gm.code.encode())
+            for node in self.gm.graph.nodes:
+                if node.op == "placeholder":
+                    val = node.meta.get("val")
+                    shape = tuple(val.shape) if isinstance(val, torch.Tensor) else None
+                    h.update(repr((node.name, shape, getattr(val, "dtype", None))).encode())
+            h.update(repr(self.frozen_positions).encode())
+            self.fingerprint = h.hexdigest()[:20]
+
+    @property
+    def output_names(self) -> list[str]:
+        return [f"output_{i}" for i in range(self.n_outputs)]
+
+
+@dataclass
+class BuildResult:
+    artifact: Artifact | None
+    onnx_bytes: bytes
+    graph_key: str
+    cache_hit: bool
+    exported: bool
+    compiled: bool
+    compiler_id: str
+    timings: dict = field(default_factory=dict)
+    hbm_path: str | None = None
+
+
+def graph_key(
+    spec: PartitionSpec,
+    args: Sequence[torch.Tensor],
+    settings: BpuSettings,
+    scales: dict[str, float] | None,
+) -> str:
+    h = hashlib.sha256()
+    header = {
+        "pipeline": PIPELINE_VERSION,
+        "torch": torch.__version__,
+        "opset": OPSET,
+        "march": settings.march,
+        "quantize": settings.quantize,
+        "act_scale": settings.act_scale,
+        "scales": sorted((scales or {}).items()),
+        "frozen": spec.frozen_positions,
+        "inputs": [(tuple(args[i].shape), str(args[i].dtype)) for i in spec.runtime_positions],
+    }
+    h.update(json.dumps(header, sort_keys=True, default=str).encode())
+    h.update(spec.gm.code.encode())
+    for pos in spec.frozen_positions:
+        tensor = args[pos].detach()
+        h.update(repr((tuple(tensor.shape), str(tensor.dtype))).encode())
+        # Every byte: the earlier backend sampled large weights and served stale artifacts.
+        h.update(tensor.contiguous().numpy().data)
+    return h.hexdigest()
+
+
+def export_float(spec: PartitionSpec, args: Sequence[torch.Tensor]):
+    """Float ONNX of the partition with the weights in `args` baked in.
+
+    aot_autograd may run the compiled graph's first call under a Python dispatch mode; the
+    TorchScript tracer does not see through one and would constant-fold the whole partition
+    (the graph inputs vanish). Export with the modes switched off.
+    """
+    with _disable_current_modes():
+        frozen = freeze(spec.gm, spec.frozen_positions, args)
+        runtime_inputs = [args[i].detach() for i in spec.runtime_positions]
+        return export_onnx(frozen, runtime_inputs, spec.input_names)
+
+
+def build(
+    spec: PartitionSpec,
+    args: Sequence[torch.Tensor],
+    settings: BpuSettings,
+    scales: dict[str, float] | None,
+    need_hbm: bool,
+    compile_artifact: bool,
+) -> BuildResult:
+    """Produce (or find) the artifact for `spec` with the weights in `args`."""
+    timings: dict[str, float] = {}
+    start = time.perf_counter()
+    info: CompilerInfo | None = discover() if (need_hbm or compile_artifact) else None
+    compiler_id = info.compiler_id if info is not None and info.kind != "none" else "none"
+    want_compile = (need_hbm or compile_artifact) and compiler_id != "none"
+    cache = ArtifactCache(settings.cache_dir) if settings.cache else None
+    gkey = graph_key(spec, args, settings, scales)
+    timings["graph_key_s"] = time.perf_counter() - start
+
+    if cache is not None:
+        index = cache.index_lookup(gkey)
+        candidates = [index[compiler_id]] if compiler_id in index else []
+        if need_hbm and not want_compile:
+            # On a board without a compiler: any compiler's artifact for this march will do
+            # (that is how a cache compiled on an x86 host is used).
+            candidates += [k for c, k in sorted(index.items()) if c != "none"]
+        for key in candidates:
+            art = cache.get(key)
+            if art is None or (need_hbm and art.file("model.hbm") is None):
+                continue
+            timings["total_s"] = time.perf_counter() - start
+            hbm = art.file("model.hbm")
+            return BuildResult(
+                art,
+                (art.path / "model.onnx").read_bytes(),
+                gkey,
+                True,
+                False,
+                False,
+                art.meta.get("compiler_id", compiler_id),
+                timings,
+                str(hbm) if hbm else None,
+            )
+
+    t0 = time.perf_counter()
+    model = export_float(spec, args)
+    timings["export_s"] = time.perf_counter() - t0
+    if settings.quantize:
+        t0 = time.perf_counter()
+        model = quantize_model(model, scales or {}, settings.act_scale)
+        timings["qdq_s"] = time.perf_counter() - t0
+    onnx_bytes = canonical_bytes(model)
+    if need_hbm and not want_compile:
+        raise RuntimeError(
+            f"partition {spec.index}: no cached .hbm artifact and no hbdk4 compiler "
+            f"({info.detail if info else 'not probed'}). Fix: compile on an x86_64 host "
+            "(`invoke compile-host`) and `invoke ship-cache`, or provision the emulated compiler"
+        )
+    key = artifact_key(onnx_bytes, settings.march, compiler_id, PIPELINE_VERSION)
+    compiled = False
+
+    def make() -> tuple[dict[str, bytes], dict]:
+        nonlocal compiled
+        files = {"model.onnx": onnx_bytes}
+        meta = {
+            "march": settings.march,
+            "compiler_id": compiler_id,
+            "pipeline": PIPELINE_VERSION,
+            "graph_key": gkey,
+            "fingerprint": spec.fingerprint,
+            "input_names": list(spec.input_names),
+            "output_names": spec.output_names,
+            "quantized": settings.quantize,
+        }
+        if want_compile:
+            t1 = time.perf_counter()
+            hbm, result = compile_onnx(
+                onnx_bytes, info, settings.march, settings.opt_level, settings.compile_timeout
+            )
+            timings["compile_s"] = time.perf_counter() - t1
+            files["model.hbm"] = hbm
+            meta["compiler_result"] = {k: v for k, v in result.items() if k != "traceback"}
+            compiled = True
+        return files, meta
+
+    if cache is not None:
+        art, _ = cache.get_or_build(key, make)
+        cache.index_record(gkey, compiler_id, key)
+        hbm = art.file("model.hbm")
+        hbm_path = str(hbm) if hbm else None
+    else:
+        files, _meta = make()
+        art, hbm_path = None, None
+        if "model.hbm" in files:
+            tmp = Path(tempfile.mkdtemp(prefix="torch-fl-bpu-")) / "model.hbm"
+            tmp.write_bytes(files["model.hbm"])
+            hbm_path = str(tmp)
+    timings["total_s"] = time.perf_counter() - start
+    return BuildResult(art, onnx_bytes, gkey, False, True, compiled, compiler_id, timings, hbm_path)

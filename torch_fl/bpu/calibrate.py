@@ -1,0 +1,67 @@
+"""Public calibration API: observe sample inputs, feed the scales into every partition."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+
+from torch_fl.bpu.conversion.calibration import Calibration, RangeObserver
+from torch_fl.bpu.runtime import partition as runtime
+from torch_fl.bpu.settings import CALIB_METHODS
+
+
+class _Session:
+    def __init__(self, method: str, percentile: float) -> None:
+        self.method = method
+        self.percentile = percentile
+        self.observers: dict[int, tuple[runtime.PartitionRuntime, RangeObserver]] = {}
+
+    def observe(self, part: runtime.PartitionRuntime, args) -> None:
+        from torch_fl.bpu.build import export_float
+
+        if id(part) not in self.observers:
+            model = export_float(part.spec, args)
+            self.observers[id(part)] = (part, RangeObserver(model, self.method, self.percentile))
+        observer = self.observers[id(part)][1]
+        observer.observe([args[i].detach().numpy() for i in part.spec.runtime_positions])
+
+
+def calibrate(
+    compiled_model: Any,
+    samples: Iterable[Any],
+    method: str = "max",
+    percentile: float = 99.99,
+) -> Calibration:
+    """Run `samples` through a model compiled with backend="bpu" and calibrate every partition.
+
+    Each sample is a tensor or a tuple of positional inputs. The scales go straight into the
+    compiled model's partitions (they rebuild on the next call) and are returned as a
+    `Calibration` that can be saved and passed as options={'calibration': ...} elsewhere.
+    """
+    if method not in CALIB_METHODS:
+        raise ValueError(f"method must be one of {', '.join(CALIB_METHODS)}, got {method!r}")
+    session = _Session(method, percentile)
+    token = runtime.CALIBRATION.set(session)
+    count = 0
+    try:
+        with torch.no_grad():
+            for sample in samples:
+                compiled_model(*(sample if isinstance(sample, (tuple, list)) else (sample,)))
+                count += 1
+    finally:
+        runtime.CALIBRATION.reset(token)
+    if count == 0:
+        raise ValueError("calibrate: no samples given; pass an iterable of input tensors/tuples")
+    if not session.observers:
+        raise RuntimeError(
+            "calibrate: no BPU partition ran. Pass the object returned by "
+            "torch.compile(model, backend='bpu') (not the original model)"
+        )
+    result = Calibration(method=method)
+    for part, observer in session.observers.values():
+        scales = observer.scales()
+        part.set_scales(scales)
+        result.scales[part.spec.fingerprint] = scales
+    return result

@@ -1,0 +1,218 @@
+"""Insert int8 QuantizeLinear/DequantizeLinear pairs: the form hbdk4 places on the BPU.
+
+A float conv compiles but hbdk4 lowers it to the CPU, so Q/DQ is what moves work onto the BPU.
+Scheme (symmetric, signed int8, zero point 0, as hbdk4 expects):
+- weights of Conv/Gemm/MatMul: per output channel, scale_c = max|w_c| / 127, values in
+  [-127, 127]; the int8 tensor is the initializer, a DequantizeLinear with `axis` restores it;
+- biases: int32 with scale = activation scale * weight scale_c (what the BPU accumulates in);
+- activations feeding Conv/Gemm/MatMul/pooling: one Q/DQ pair per tensor, scale from calibration
+  (keyed by tensor name) or the default activation scale.
+A pass that leaves any of those ops without quantized inputs raises `QuantizationError`: a float
+artifact must never be shipped silently in place of an int8 one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+WEIGHT_OPS = {"Conv": 1, "Gemm": 1, "MatMul": 1}  # op -> index of the weight input
+POOL_OPS = ("MaxPool", "AveragePool", "GlobalAveragePool")
+QUANT_OPS = tuple(WEIGHT_OPS) + POOL_OPS
+QMAX = 127
+
+
+class QuantizationError(RuntimeError):
+    """The Q/DQ pass could not quantize the partition."""
+
+
+def per_channel_scales(weight: np.ndarray, axis: int) -> np.ndarray:
+    """Symmetric per-channel scales: max |w| over every axis but `axis`, divided by 127."""
+    reduce_axes = tuple(i for i in range(weight.ndim) if i != axis)
+    amax = np.abs(weight).max(axis=reduce_axes) if reduce_axes else np.abs(weight)
+    scales = amax.astype(np.float32) / np.float32(QMAX)
+    # An all-zero channel would divide by zero; any scale represents zeros exactly.
+    return np.where(scales > 0, scales, np.float32(1.0)).astype(np.float32)
+
+
+def quantize_weight(weight: np.ndarray, axis: int) -> tuple[np.ndarray, np.ndarray]:
+    """int8 weight and its per-channel scales (along `axis`)."""
+    scales = per_channel_scales(weight, axis)
+    shape = [1] * weight.ndim
+    shape[axis] = -1
+    q = np.clip(np.rint(weight / scales.reshape(shape)), -QMAX, QMAX).astype(np.int8)
+    return q, scales
+
+
+def activation_inputs(model: onnx.ModelProto) -> list[str]:
+    """Names of the activation tensors that get a Q/DQ pair (what calibration must observe)."""
+    inits = {i.name for i in model.graph.initializer}
+    names: list[str] = []
+    for node in model.graph.node:
+        for name in _act_inputs(node, inits):
+            if name not in names:
+                names.append(name)
+    return names
+
+
+def _act_inputs(node: onnx.NodeProto, inits: set[str]) -> list[str]:
+    if node.op_type in POOL_OPS or node.op_type == "Conv":
+        return [node.input[0]]
+    if node.op_type in ("Gemm", "MatMul"):
+        return [name for name in node.input[:2] if name and name not in inits]
+    return []
+
+
+def _weight_axis(node: onnx.NodeProto, weight: np.ndarray) -> int | None:
+    if node.op_type == "Conv":
+        return 0
+    if weight.ndim != 2:
+        return None  # batched constant matmul: per-tensor
+    if node.op_type == "Gemm":
+        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        return 0 if attrs.get("transB", 0) else 1
+    return 1  # MatMul: [K, N], output channel is the last axis
+
+
+def quantize_model(
+    model: onnx.ModelProto, act_scales: Mapping[str, float], default_scale: float
+) -> onnx.ModelProto:
+    """Return a Q/DQ copy of `model` (float ONNX from `export_onnx`)."""
+    model_q = onnx.ModelProto()
+    model_q.CopyFrom(model)
+    graph = model_q.graph
+    inits = {i.name: i for i in graph.initializer}
+    init_users: dict[str, int] = {}
+    for node in graph.node:
+        for name in node.input:
+            if name in inits:
+                init_users[name] = init_users.get(name, 0) + 1
+
+    new_nodes: list[onnx.NodeProto] = []
+    new_inits: list[TensorProto] = []
+    dq_of: dict[str, str] = {}  # activation tensor -> its dequantized name
+    remove: set[str] = set()
+
+    def scalar(name: str, value, dtype) -> None:
+        new_inits.append(numpy_helper.from_array(np.array(value, dtype=dtype), name))
+
+    def act_dq(name: str) -> str:
+        if name not in dq_of:
+            scale = float(act_scales.get(name, default_scale))
+            if not scale > 0 or not np.isfinite(scale):
+                raise QuantizationError(f"activation scale for {name!r} is {scale}; need > 0")
+            scalar(f"{name}_scale", scale, np.float32)
+            scalar(f"{name}_zero_point", 0, np.int8)
+            q, dq = f"{name}_quantized", f"{name}_dequantized"
+            args = [f"{name}_scale", f"{name}_zero_point"]
+            new_nodes.append(helper.make_node("QuantizeLinear", [name, *args], [q], f"{name}_Q"))
+            new_nodes.append(helper.make_node("DequantizeLinear", [q, *args], [dq], f"{name}_DQ"))
+            dq_of[name] = dq
+        return dq_of[name]
+
+    for node in graph.node:
+        if node.op_type not in QUANT_OPS:
+            new_nodes.append(node)
+            continue
+        acts = _act_inputs(node, set(inits))
+        inputs = list(node.input)
+        for i, name in enumerate(inputs):
+            if name in acts:
+                inputs[i] = act_dq(name)
+        widx = WEIGHT_OPS.get(node.op_type)
+        if widx is not None and inputs[widx] in inits:
+            wname = inputs[widx]
+            weight = numpy_helper.to_array(inits[wname]).astype(np.float32)
+            axis = _weight_axis(node, weight)
+            if axis is None:
+                q = weight.reshape(1, -1)
+                qw, scales = quantize_weight(q, 0)
+                qw, scales = qw.reshape(weight.shape), scales.reshape(())
+            else:
+                qw, scales = quantize_weight(weight, axis)
+            base = f"{node.name or wname}_{wname}"
+            new_inits.append(numpy_helper.from_array(qw, f"{base}_quantized"))
+            scalar(f"{base}_scale", scales, np.float32)
+            scalar(f"{base}_zero_point", np.zeros(scales.shape, np.int8), np.int8)
+            dq_args = [f"{base}_quantized", f"{base}_scale", f"{base}_zero_point"]
+            axis_attr = {"axis": axis} if scales.ndim else {}
+            new_nodes.append(
+                helper.make_node(
+                    "DequantizeLinear", dq_args, [f"{base}_dequantized"], f"{base}_DQ", **axis_attr
+                )
+            )
+            inputs[widx] = f"{base}_dequantized"
+            init_users[wname] -= 1
+            if init_users[wname] == 0:
+                remove.add(wname)
+            bidx = 2
+            if (
+                len(inputs) > bidx
+                and inputs[bidx] in inits
+                and scales.ndim == 1
+                and node.input[0] in dq_of
+            ):
+                bname = inputs[bidx]
+                bias = numpy_helper.to_array(inits[bname]).astype(np.float64)
+                if bias.shape == scales.shape:
+                    act_scale = float(act_scales.get(node.input[0], default_scale))
+                    bscale = (scales.astype(np.float64) * act_scale).astype(np.float32)
+                    qb = np.rint(bias / bscale).astype(np.int32)
+                    bbase = f"{node.name or bname}_{bname}"
+                    new_inits.append(numpy_helper.from_array(qb, f"{bbase}_quantized"))
+                    scalar(f"{bbase}_scale", bscale, np.float32)
+                    scalar(f"{bbase}_zero_point", np.zeros(bscale.shape, np.int32), np.int32)
+                    new_nodes.append(
+                        helper.make_node(
+                            "DequantizeLinear",
+                            [f"{bbase}_quantized", f"{bbase}_scale", f"{bbase}_zero_point"],
+                            [f"{bbase}_dequantized"],
+                            f"{bbase}_DQ",
+                            axis=0,
+                        )
+                    )
+                    inputs[bidx] = f"{bbase}_dequantized"
+                    init_users[bname] -= 1
+                    if init_users[bname] == 0:
+                        remove.add(bname)
+        elif widx is not None and node.op_type == "Conv":
+            raise QuantizationError(
+                f"Conv {node.name!r}: weight {inputs[widx]!r} is not a constant, so it cannot be "
+                "quantized per channel. Fix: make the weight a parameter/buffer of the module, "
+                "or compile with options={'quantize': False} for a float artifact."
+            )
+        del node.input[:]
+        node.input.extend(inputs)
+        new_nodes.append(node)
+
+    del graph.node[:]
+    graph.node.extend(new_nodes)
+    kept = [i for i in graph.initializer if i.name not in remove]
+    del graph.initializer[:]
+    graph.initializer.extend(kept + new_inits)
+    verify_quantized(model_q)
+    return model_q
+
+
+def verify_quantized(model: onnx.ModelProto) -> None:
+    """Every quantizable op must read only dequantized (or constant bias) inputs."""
+    produced_by = {out: node.op_type for node in model.graph.node for out in node.output}
+    problems = []
+    for node in model.graph.node:
+        if node.op_type not in QUANT_OPS:
+            continue
+        n_checked = 1 if node.op_type in POOL_OPS else 2
+        for name in node.input[:n_checked]:
+            if produced_by.get(name) != "DequantizeLinear":
+                problems.append(f"{node.op_type} {node.name!r} input {name!r}")
+    if problems:
+        raise QuantizationError(
+            "Q/DQ pass left float inputs (the artifact would run on the CPU, not the BPU): "
+            + "; ".join(problems)
+            + ". Fix: report the partition, or compile with options={'quantize': False} to accept "
+            "a float artifact explicitly."
+        )
+    onnx.checker.check_model(model)

@@ -1,0 +1,85 @@
+"""Run one hbdk4 compile in a child process (native or under box64) with a timeout.
+
+A child process for the native case too: a hung compiler can be killed, a crashing one cannot
+take the user's process down, and the emulated path is the same code plus an emulator prefix.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from torch_fl.bpu.drivers.discovery import CompilerInfo, clean_env
+
+WORKER = Path(__file__).with_name("hbdk4_worker.py")
+
+_FIXES = {
+    "shims": "report this: the import shims for numba/torch failed to install",
+    "preload": "point FLAGOS_BPU_GUEST_LIBS at the directory holding the x86_64 libhbtl.so",
+    "import": "check that FLAGOS_BPU_X86_PYTHON has the OE hbdk4 wheels and that "
+    "FLAGOS_BPU_GUEST_LIBS holds libhbtl.so (its symbols must be preloaded)",
+    "export": "the ONNX model uses an op hbdk4 cannot import; run with executor='eager'",
+    "convert": "hbdk4 could not convert the graph for this march; check FLAGOS_BPU_MARCH",
+    "compile": "hbdk4 failed to compile; see the message, or run with executor='sim'",
+}
+
+
+class CompileError(RuntimeError):
+    """hbdk4 failed; the message names the stage and the fix."""
+
+
+def compile_onnx(
+    onnx_bytes: bytes, info: CompilerInfo, march: str, opt_level: int, timeout_s: float
+) -> tuple[bytes, dict]:
+    """Compile a (quantized) ONNX model to .hbm bytes; returns (hbm, worker result)."""
+    if info.kind == "none" or not info.python:
+        raise CompileError(f"no hbdk4 compiler: {info.detail}")
+    emulated = info.kind == "emulated"
+    with tempfile.TemporaryDirectory(prefix="torch-fl-hbdk4-") as tmp:
+        src, out, res = (os.path.join(tmp, n) for n in ("in.onnx", "out.hbm", "result.json"))
+        Path(src).write_bytes(onnx_bytes)
+        cmd = [info.python, str(WORKER), src, out, march, str(opt_level)]
+        cmd += ["1" if emulated else "0", info.guest_libs or "", res]
+        if emulated and info.emulator:
+            cmd.insert(0, info.emulator)
+        python = info.python if info.python != sys.executable else sys.executable
+        env = clean_env(info.guest_libs, emulated)
+        env["PATH"] = os.path.dirname(python) + os.pathsep + env["PATH"]
+        proc = subprocess.Popen(
+            cmd,
+            env=env,
+            cwd=tmp,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # a timeout kills the whole group (emulator + guest)
+        )
+        try:
+            output, _ = proc.communicate(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+            raise CompileError(
+                f"hbdk4 compile timed out after {timeout_s:g}s ({info.kind}). Fix: raise "
+                "FLAGOS_BPU_COMPILE_TIMEOUT (emulated ResNet-18 takes ~25 min) or compile on an "
+                "x86_64 host with `invoke compile-host` and ship the cache."
+            ) from None
+        try:
+            result = json.loads(Path(res).read_text())
+        except (OSError, ValueError):
+            tail = output.decode(errors="replace")[-1500:]
+            raise CompileError(
+                f"hbdk4 worker exited with {proc.returncode} without a result ({info.kind}); "
+                f"output tail:\n{tail}"
+            ) from None
+        if not result.get("ok"):
+            stage = result.get("stage", "?")
+            raise CompileError(
+                f"hbdk4 failed at stage {stage!r} ({info.kind}, {info.python}): "
+                f"{result.get('error')}. Fix: {_FIXES.get(stage, 'see the message')}."
+            )
+        return Path(out).read_bytes(), result

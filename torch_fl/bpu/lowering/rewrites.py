@@ -1,0 +1,148 @@
+"""Rewrite ops the BPU path cannot carry into equivalent single-output, exportable ops.
+
+Two kinds of trouble come out of aot_autograd:
+- tuple-returning ops whose extra outputs nobody uses (`_native_batch_norm_legit_no_training`,
+  `native_layer_norm`, `max_pool2d_with_indices`, `split` read piecewise -> slices): a tuple output is a partition boundary the
+  BPU cannot express, and left alone it split ResNet-18 in two in the earlier backend;
+- ops the ONNX exporter has no symbolic for (`_softmax`, `_unsafe_view`, 2-D `t`).
+Each rewrite is semantically exact; a tuple op whose extra output is really used stays as it is.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections import Counter
+
+import torch
+from torch import fx
+
+aten = torch.ops.aten
+
+
+# Binary ops called with a Python number: the TorchScript exporter cannot trace the `.Tensor`
+# overload with a scalar operand, the `.Scalar` overload is the same math.
+_SCALAR_OVERLOADS = {
+    aten.add.Tensor: aten.add.Scalar,
+    aten.sub.Tensor: aten.sub.Scalar,
+    aten.mul.Tensor: aten.mul.Scalar,
+    aten.div.Tensor: aten.div.Scalar,
+}
+
+
+def _only_first_output_used(node: fx.Node) -> list[fx.Node] | None:
+    """The getitem[0] users of a tuple node, or None if anything else reads the tuple."""
+    firsts = []
+    for user in node.users:
+        if user.op != "call_function" or user.target is not operator.getitem:
+            return None
+        if user.args[1] != 0:
+            return None
+        firsts.append(user)
+    return firsts
+
+
+def _replace_tuple_op(graph: fx.Graph, node: fx.Node, target, args: tuple) -> bool:
+    firsts = _only_first_output_used(node)
+    if firsts is None:
+        return False
+    with graph.inserting_before(node):
+        new = graph.call_function(target, args)
+    if firsts:
+        new.meta.update(firsts[0].meta)
+    elif "val" in node.meta and isinstance(node.meta["val"], (tuple, list)):
+        new.meta["val"] = node.meta["val"][0]
+    for user in firsts:
+        user.replace_all_uses_with(new)
+        graph.erase_node(user)
+    graph.erase_node(node)
+    return True
+
+
+def _split_to_slices(graph: fx.Graph, node: fx.Node) -> bool:
+    """split/split_with_sizes read only through getitem -> one slice per piece (no tuple)."""
+    x = node.args[0]
+    dim = node.args[2] if len(node.args) > 2 else node.kwargs.get("dim", 0)
+    val = x.meta.get("val") if isinstance(x, fx.Node) else None
+    if not isinstance(val, torch.Tensor) or not isinstance(val.shape[dim], int):
+        return False
+    users = list(node.users)
+    if any(u.op != "call_function" or u.target is not operator.getitem for u in users):
+        return False
+    length = val.shape[dim]
+    if node.target is aten.split.Tensor:
+        size = node.args[1]
+        sizes = [min(size, length - start) for start in range(0, length, size)]
+    else:
+        sizes = list(node.args[1])
+    starts = [sum(sizes[:i]) for i in range(len(sizes))]
+    for user in users:
+        i = user.args[1]
+        with graph.inserting_before(user):
+            piece = graph.call_function(
+                aten.slice.Tensor, (x, dim, starts[i], starts[i] + sizes[i], 1)
+            )
+        piece.meta.update(user.meta)
+        user.replace_all_uses_with(piece)
+        graph.erase_node(user)
+    graph.erase_node(node)
+    return True
+
+
+def _rank(node: fx.Node) -> int | None:
+    val = node.meta.get("val")
+    return val.dim() if isinstance(val, torch.Tensor) else None
+
+
+def _rewrite(graph: fx.Graph, node: fx.Node) -> str | None:
+    """Rewrite one node in place; return the rewrite's name or None."""
+    target = node.target
+    if target is aten._native_batch_norm_legit_no_training.default:
+        x, w, b, mean, var, momentum, eps = node.args
+        args = (x, w, b, mean, var, False, momentum, eps, False)
+        if _replace_tuple_op(graph, node, aten.batch_norm.default, args):
+            return "batch_norm"
+    elif target is aten.native_layer_norm.default:
+        x, shape, w, b, eps = node.args
+        if _replace_tuple_op(graph, node, aten.layer_norm.default, (x, shape, w, b, eps, False)):
+            return "layer_norm"
+    elif target is aten.max_pool2d_with_indices.default:
+        if _replace_tuple_op(graph, node, aten.max_pool2d.default, tuple(node.args)):
+            return "max_pool2d"
+    elif target in (aten._softmax.default, aten._log_softmax.default):
+        x, dim, half_to_float = node.args
+        if half_to_float:
+            return None
+        new_target = aten.softmax.int if target is aten._softmax.default else aten.log_softmax.int
+        node.target = new_target
+        node.args = (x, dim)
+        return "softmax" if new_target is aten.softmax.int else "log_softmax"
+    elif target is aten._unsafe_view.default:
+        node.target = aten.reshape.default
+        return "reshape"
+    elif target in (aten.split.Tensor, aten.split_with_sizes.default):
+        if _split_to_slices(graph, node):
+            return "split"
+    elif (
+        target in _SCALAR_OVERLOADS and len(node.args) > 1 and not isinstance(node.args[1], fx.Node)
+    ):
+        node.target = _SCALAR_OVERLOADS[target]
+        return "scalar_overload"
+    elif target is aten.t.default and _rank(node.args[0]) == 2:
+        node.target = aten.permute.default
+        node.args = (node.args[0], [1, 0])
+        return "permute"
+    return None
+
+
+def apply_rewrites(gm: fx.GraphModule) -> Counter:
+    """Rewrite `gm` in place; return how many times each rewrite fired."""
+    fired: Counter = Counter()
+    for node in list(gm.graph.nodes):
+        if node.op == "call_function":
+            name = _rewrite(gm.graph, node)
+            if name:
+                fired[name] += 1
+    if fired:
+        gm.graph.lint()
+        gm.recompile()
+    return fired

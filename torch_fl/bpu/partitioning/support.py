@@ -1,0 +1,148 @@
+"""The BPU op-support table and the per-node decision, with a reason for every rejection.
+
+Reasons are what the coverage report and strict mode print, so each one names the cause:
+unsupported op, dtype, symbolic shape, tuple boundary (and, decided later by the partitioner,
+below minimum size).
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Mapping
+
+import torch
+from torch import fx
+from torch.fx.passes.operator_support import OperatorSupportBase
+
+aten = torch.ops.aten
+
+# kind -> op packets. Kinds other than "shape" count as compute in the coverage percentage.
+_TABLE: dict[str, tuple] = {
+    "conv": (aten.convolution,),
+    "gemm": (aten.addmm, aten.mm, aten.bmm, aten.linear, aten.matmul, aten.baddbmm),
+    "norm": (aten.batch_norm, aten.layer_norm),
+    "activation": (
+        aten.relu,
+        aten.gelu,
+        aten.silu,
+        aten.sigmoid,
+        aten.tanh,
+        aten.hardtanh,
+        aten.hardswish,
+        aten.hardsigmoid,
+        aten.leaky_relu,
+        aten.elu,
+        aten.clamp,
+        aten.clamp_min,
+        aten.clamp_max,
+    ),  # fmt: skip
+    "pool": (aten.max_pool2d, aten.avg_pool2d, aten.adaptive_avg_pool2d, aten._adaptive_avg_pool2d),
+    "elementwise": (
+        aten.add,
+        aten.sub,
+        aten.rsub,
+        aten.mul,
+        aten.div,
+        aten.neg,
+        aten.rsqrt,
+        aten.sqrt,
+        aten.pow,
+        aten.exp,
+        aten.abs,
+        aten.reciprocal,
+        aten.maximum,
+        aten.minimum,
+        aten.mean,
+        aten.sum,
+        aten.amax,
+    ),  # fmt: skip
+    "softmax": (aten.softmax, aten.log_softmax),
+    "shape": (
+        aten.view,
+        aten.reshape,
+        aten.permute,
+        aten.transpose,
+        aten.unsqueeze,
+        aten.squeeze,
+        aten.flatten,
+        aten.cat,
+        aten.slice,
+        aten.expand,
+        aten.clone,
+        aten.alias,
+        aten.select,
+        aten.t,
+    ),  # fmt: skip
+}
+_KIND_OF: dict = {packet: kind for kind, packets in _TABLE.items() for packet in packets}
+COMPUTE_KINDS = frozenset(kind for kind in _TABLE if kind != "shape")
+SUPPORTED_DTYPES = (torch.float32,)
+
+
+def op_kind(node: fx.Node) -> str | None:
+    """Table kind of a call_function node (None: not in the table)."""
+    if node.op != "call_function":
+        return None
+    packet = getattr(node.target, "overloadpacket", None)
+    return _KIND_OF.get(packet)
+
+
+def is_compute(node: fx.Node) -> bool:
+    """Compute node for coverage: any call_function except pure shape ops and getitem."""
+    if node.op != "call_function" or node.target is operator.getitem:
+        return False
+    return op_kind(node) != "shape"
+
+
+def _has_symbolic(value) -> bool:
+    if isinstance(value, torch.Tensor):
+        return any(not isinstance(d, int) for d in value.shape)
+    if isinstance(value, torch.SymInt | torch.SymFloat):
+        return True
+    if isinstance(value, (list, tuple)):
+        return any(_has_symbolic(v) for v in value)
+    return False
+
+
+def rejection_reason(node: fx.Node) -> str | None:
+    """Why `node` cannot run on the BPU, or None if it can."""
+    if node.target is operator.getitem:
+        producer = node.args[0]
+        name = getattr(producer, "name", "?")
+        return f"tuple boundary: reads an output of {name}, which stays on the CPU"
+    val = node.meta.get("val")
+    if isinstance(val, (tuple, list)):
+        return f"tuple boundary: {node.target} returns {len(val)} outputs that are used"
+    kind = op_kind(node)
+    if kind is None:
+        return f"unsupported op: {node.target}"
+    if not isinstance(val, torch.Tensor):
+        return f"unsupported op: {node.target} produces no tensor"
+    if _has_symbolic(val) or any(_has_symbolic(a) for a in node.args):
+        return "symbolic shape: the BPU needs static shapes (compile with dynamic=False)"
+    if val.dtype not in SUPPORTED_DTYPES:
+        return f"dtype: output is {val.dtype}, the BPU path takes float32"
+    for arg in node.all_input_nodes:
+        aval = arg.meta.get("val")
+        if isinstance(aval, torch.Tensor) and aval.dtype not in SUPPORTED_DTYPES:
+            return f"dtype: input {arg.name} is {aval.dtype}, the BPU path takes float32"
+        if _has_symbolic(aval):
+            return "symbolic shape: the BPU needs static shapes (compile with dynamic=False)"
+    return None
+
+
+class BpuOperatorSupport(OperatorSupportBase):
+    """OperatorSupport for CapabilityBasedPartitioner that remembers why it said no."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.reasons: dict[fx.Node, str] = {}
+
+    def is_node_supported(self, submodules: Mapping[str, torch.nn.Module], node: fx.Node) -> bool:
+        if node.op != "call_function":
+            return False
+        reason = rejection_reason(node)
+        if reason is not None:
+            self.reasons[node] = reason
+            return False
+        return True

@@ -1,0 +1,162 @@
+"""Coverage report: what went to the BPU, what stayed on the CPU and why. Table and JSON.
+
+Each compiled graph owns a `GraphReport`; partitions update their entry when their executor is
+resolved (first call). `explain(model, *inputs)` compiles and runs the model once and returns a
+`Report` over all graphs (several when Dynamo breaks the graph).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import json
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+
+_COLLECTOR: contextvars.ContextVar[list | None] = contextvars.ContextVar(
+    "torch_fl_bpu_report_collector", default=None
+)
+
+
+@dataclass
+class PartitionEntry:
+    id: int
+    name: str
+    compute_nodes: int
+    nodes: int
+    inputs: list
+    outputs: list
+    frozen_params: int
+    executor: str
+    executor_reason: str = ""
+    artifact_key: str | None = None
+    cache_hit: bool | None = None
+    fingerprint: str = ""
+
+
+@dataclass
+class GraphReport:
+    graph_id: int
+    partitions: list[PartitionEntry] = field(default_factory=list)
+    cpu_nodes: list[dict] = field(default_factory=list)
+    compute_total: int = 0
+    rewrites: dict = field(default_factory=dict)
+
+    @property
+    def compute_in_partitions(self) -> int:
+        return sum(p.compute_nodes for p in self.partitions)
+
+    def to_dict(self) -> dict:
+        data = asdict(self)
+        data["compute_in_partitions"] = self.compute_in_partitions
+        data["coverage_pct"] = _pct(self.compute_in_partitions, self.compute_total)
+        return data
+
+
+def _pct(part: int, whole: int) -> float:
+    return round(100.0 * part / whole, 2) if whole else 100.0
+
+
+class Report:
+    """All graphs of one compiled model."""
+
+    def __init__(self, graphs: list[GraphReport]) -> None:
+        self.graphs = graphs
+
+    @property
+    def partitions(self) -> list[PartitionEntry]:
+        return [p for g in self.graphs for p in g.partitions]
+
+    @property
+    def cpu_nodes(self) -> list[dict]:
+        return [n for g in self.graphs for n in g.cpu_nodes]
+
+    @property
+    def compute_total(self) -> int:
+        return sum(g.compute_total for g in self.graphs)
+
+    @property
+    def coverage_pct(self) -> float:
+        """% of compute nodes inside BPU partitions."""
+        return _pct(sum(g.compute_in_partitions for g in self.graphs), self.compute_total)
+
+    @property
+    def offloaded_pct(self) -> float:
+        """% of compute nodes whose partition runs BPU numerics (hbm or sim), not eager."""
+        done = sum(p.compute_nodes for p in self.partitions if p.executor in ("hbm", "sim"))
+        return _pct(done, self.compute_total)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "graphs": [g.to_dict() for g in self.graphs],
+            "compute_total": self.compute_total,
+            "coverage_pct": self.coverage_pct,
+            "offloaded_pct": self.offloaded_pct,
+            "executors": sorted({p.executor for p in self.partitions}),
+        }
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=1)
+
+    def table(self) -> str:
+        lines = [
+            f"BPU coverage: {sum(g.compute_in_partitions for g in self.graphs)}/"
+            f"{self.compute_total} compute nodes in {len(self.partitions)} partition(s) "
+            f"({self.coverage_pct}%), running BPU numerics: {self.offloaded_pct}%"
+        ]
+        head = f"{'graph':>5} {'part':>4} {'executor':<8} {'compute':>7} {'nodes':>5} "
+        lines.append(head + f"{'frozen':>6}  inputs -> outputs")
+        for g in self.graphs:
+            for p in g.partitions:
+                shapes = f"{_shapes(p.inputs)} -> {_shapes(p.outputs)}"
+                lines.append(
+                    f"{g.graph_id:>5} {p.id:>4} {p.executor:<8} {p.compute_nodes:>7} "
+                    f"{p.nodes:>5} {p.frozen_params:>6}  {shapes}"
+                    + (f"  ({p.executor_reason})" if p.executor_reason else "")
+                )
+        if self.cpu_nodes:
+            lines.append("left on the CPU:")
+            for n in self.cpu_nodes:
+                lines.append(f"  {n['node']:<28} {n['target']:<40} {n['reason']}")
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.table()
+
+
+def _shapes(shapes: list) -> str:
+    return ", ".join("x".join(map(str, s)) if s is not None else "?" for s in shapes) or "-"
+
+
+def register(report: GraphReport) -> None:
+    collector = _COLLECTOR.get()
+    if collector is not None:
+        collector.append(report)
+
+
+@contextlib.contextmanager
+def collect() -> Iterator[list[GraphReport]]:
+    reports: list[GraphReport] = []
+    token = _COLLECTOR.set(reports)
+    try:
+        yield reports
+    finally:
+        _COLLECTOR.reset(token)
+
+
+def explain(model: torch.nn.Module, *inputs: Any, **options: Any) -> Report:
+    """Compile `model` with the bpu backend, run it once on `inputs`, return the coverage."""
+    from torch_fl.bpu.backend import bpu_backend
+
+    compiled = torch.compile(model, backend=bpu_backend, options=options or None, dynamic=False)
+    with collect() as reports, torch.no_grad():
+        compiled(*inputs)
+    if not reports:
+        raise RuntimeError(
+            "explain: no graph reached the bpu backend (was the model already compiled and "
+            "cached by Dynamo with other settings?); call torch._dynamo.reset() and retry"
+        )
+    return Report(list(reports))

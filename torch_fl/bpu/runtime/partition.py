@@ -1,0 +1,169 @@
+"""The module that replaces each fused partition in the compiled graph.
+
+Call path (hot): one attribute read, a frozen-weight check (identity + version counter per
+weight), an optional profiler range, the executor. Everything else — building the artifact,
+calibration, stale rebuilds, fallbacks — happens on the slow path, taken on the first call and
+whenever the fast path's preconditions fail.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import logging
+import warnings
+from collections.abc import Sequence
+
+import torch
+from torch.autograd.profiler import record_function
+
+from torch_fl.bpu import build as builder
+from torch_fl.bpu.conversion.calibration import RangeObserver
+from torch_fl.bpu.conversion.freezing import FrozenWeights
+from torch_fl.bpu.report import PartitionEntry
+from torch_fl.bpu.runtime.executors import HbmExecutor, SimExecutor
+from torch_fl.bpu.settings import BpuSettings
+
+log = logging.getLogger("torch_fl.bpu")
+_profiler_enabled = torch.autograd._profiler_enabled
+
+# Set by torch_fl.bpu.calibrate(): partitions record activation ranges instead of executing.
+CALIBRATION: contextvars.ContextVar = contextvars.ContextVar("torch_fl_bpu_calib", default=None)
+
+
+class StrictModeError(RuntimeError):
+    """strict=True and something was not offloaded."""
+
+
+class PartitionRuntime(torch.nn.Module):
+    def __init__(
+        self,
+        spec: builder.PartitionSpec,
+        settings: BpuSettings,
+        executor: str,
+        reason: str,
+        entry: PartitionEntry,
+    ) -> None:
+        super().__init__()
+        self.spec = spec
+        self.eager = spec.gm
+        self.settings = settings
+        self.planned = executor
+        self.entry = entry
+        self.scales: dict[str, float] | None = None
+        if settings.calibration is not None:
+            self.scales = settings.calibration.for_partition(spec.fingerprint)
+        self.last_build: builder.BuildResult | None = None
+        self.builds = 0
+        self._exec = None
+        self._frozen: FrozenWeights | None = None
+        self._set_kind(executor, reason)
+
+    # -- hot path -----------------------------------------------------------------------------
+    def forward(self, *args: torch.Tensor):
+        run = self._exec
+        if run is None or (self._frozen is not None and self._frozen.stale(args)):
+            return self._slow(args)
+        if CALIBRATION.get() is not None:
+            return self._slow(args)
+        if _profiler_enabled():
+            with record_function(self._label):
+                return run(args)
+        return run(args)
+
+    # -- slow path ----------------------------------------------------------------------------
+    def _set_kind(self, kind: str, reason: str = "") -> None:
+        self.kind = kind
+        self._label = f"bpu::partition{self.spec.index}[{kind}]"
+        self.entry.executor = kind
+        self.entry.executor_reason = reason
+
+    def _slow(self, args: Sequence[torch.Tensor]):
+        session = CALIBRATION.get()
+        if session is not None:
+            session.observe(self, args)
+            return self.eager(*args)
+        if self._frozen is not None and self._exec is not None:
+            # The weights this artifact baked in changed (load_state_dict, optimizer step...).
+            if self.settings.on_stale == "eager":
+                warnings.warn(
+                    f"torch_fl.bpu: partition {self.spec.index}: frozen weights changed in "
+                    "place; running it eagerly from now on (on_stale='eager')",
+                    stacklevel=3,
+                )
+                self._use_eager("weights changed after compilation (on_stale='eager')")
+                return self.forward(*args)
+            log.info("partition %d: weights changed, rebuilding", self.spec.index)
+        self._prepare(args)
+        return self.forward(*args)
+
+    def _use_eager(self, reason: str) -> None:
+        eager = self.eager
+        self._exec = lambda args: eager(*args)
+        self._frozen = None
+        self._set_kind("eager", reason)
+
+    def invalidate(self) -> None:
+        """Forget the artifact: the next call rebuilds (used after calibration)."""
+        self._exec = None
+        self._frozen = None
+
+    def set_scales(self, scales: dict[str, float]) -> None:
+        self.scales = dict(scales)
+        self.invalidate()
+
+    def _prepare(self, args: Sequence[torch.Tensor]) -> None:
+        kind = self.planned
+        settings = self.settings
+        compile_artifact = settings.compile_artifact == "always"
+        if kind == "eager" and not compile_artifact:
+            self._use_eager(self.entry.executor_reason)
+            return
+        if (
+            settings.quantize
+            and settings.calibrate == "first-call"
+            and self.scales is None
+            and kind != "eager"
+        ):
+            observer = RangeObserver(
+                builder.export_float(self.spec, args),
+                settings.calib_method,
+                settings.calib_percentile,
+            )
+            observer.observe([args[i].detach().numpy() for i in self.spec.runtime_positions])
+            self.scales = observer.scales()
+        try:
+            result = builder.build(
+                self.spec, args, settings, self.scales, kind == "hbm", compile_artifact
+            )
+            executor = None
+            if kind == "sim":
+                executor = SimExecutor(result.onnx_bytes, settings.sim_threads)
+            elif kind == "hbm":
+                executor = HbmExecutor(result.hbm_path, self.spec.input_names, result_outputs(self))
+        except Exception as exc:
+            if settings.strict or settings.executor != "auto":
+                if settings.strict:
+                    raise StrictModeError(
+                        f"strict: partition {self.spec.index} could not be offloaded: {exc}"
+                    ) from exc
+                raise
+            warnings.warn(
+                f"torch_fl.bpu: partition {self.spec.index} runs eagerly: {exc}", stacklevel=4
+            )
+            self._use_eager(f"build failed: {type(exc).__name__}")
+            return
+        self.last_build = result
+        self.builds += 1
+        self.entry.artifact_key = result.artifact.key if result.artifact else None
+        self.entry.cache_hit = result.cache_hit
+        if executor is None:  # eager execution, artifact compiled for shipping
+            self._use_eager(self.entry.executor_reason)
+            return
+        positions = self.spec.runtime_positions
+        self._exec = lambda a: executor([a[i] for i in positions])
+        self._frozen = FrozenWeights(self.spec.frozen_positions, args)
+        self._set_kind(kind)
+
+
+def result_outputs(runtime: PartitionRuntime) -> list[str]:
+    return runtime.spec.output_names
