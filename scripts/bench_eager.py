@@ -24,16 +24,30 @@ import torch
 import torch_fl
 
 
-def median_seconds(fn: Callable[[], object], repeat: int, inner: int) -> float:
-    for _ in range(3):
-        fn()
-    samples = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        for _ in range(inner):
+def interleaved_medians(fns: list[Callable[[], object]], repeat: int, inner: int) -> list[float]:
+    """Median seconds per call of each fn, measured round-robin so drift hits all alike."""
+    for fn in fns:
+        for _ in range(3):
             fn()
-        samples.append((time.perf_counter() - start) / inner)
-    return statistics.median(samples)
+    samples: list[list[float]] = [[] for _ in fns]
+    for _ in range(repeat):
+        for i, fn in enumerate(fns):
+            start = time.perf_counter()
+            for _ in range(inner):
+                fn()
+            samples[i].append((time.perf_counter() - start) / inner)
+    return [statistics.median(s) for s in samples]
+
+
+def with_mode(mode: str, fn: Callable[[], object]) -> Callable[[], object]:
+    def run() -> object:
+        torch_fl._C._set_fallback_mode(mode)
+        try:
+            return fn()
+        finally:
+            torch_fl._C._set_fallback_mode("zero-copy")
+
+    return run
 
 
 def workloads() -> dict[str, tuple[Callable[[str], Callable[[], object]], int]]:
@@ -69,14 +83,11 @@ def main(argv: list[str] | None = None) -> int:
 
     results = []
     for name, (factory, inner) in workloads().items():
-        cpu = median_seconds(factory("cpu"), args.repeat, inner)
-        torch_fl._C._set_fallback_mode("zero-copy")
-        zero = median_seconds(factory("flagos"), args.repeat, inner)
-        torch_fl._C._set_fallback_mode("copy")
-        try:
-            copy = median_seconds(factory("flagos"), args.repeat, inner)
-        finally:
-            torch_fl._C._set_fallback_mode("zero-copy")
+        cpu, zero, copy = interleaved_medians(
+            [factory("cpu"), factory("flagos"), with_mode("copy", factory("flagos"))],
+            args.repeat,
+            inner,
+        )
         results.append(
             {
                 "workload": name,
