@@ -25,15 +25,22 @@ def prefix_dir(ctx: Context) -> str:
     return f"{ctx.prefix}/box64"
 
 
+# Where distro packages and `make install` put box64. Looked at even when another box64 comes
+# first in PATH: an old build shadowing a freshly installed package must not hide it (the
+# environment file then names the good one by absolute path).
+WELL_KNOWN = ("/usr/bin/box64", "/usr/local/bin/box64")
+
+
 def candidates(ctx: Context) -> list[str]:
     explicit = ctx.config["box64"].get("path") or ""
     if explicit:
         return [ctx.expand(explicit)]
     found = [f"{prefix_dir(ctx)}/bin/box64"]
-    rc, out, _ = ctx.sh("command -v box64")
-    if rc == 0 and out.strip():
-        found.append(out.strip())
-    return found
+    rc, out, _ = ctx.sh("which -a box64 2>/dev/null || command -v box64")
+    if rc == 0:
+        found.extend(line.strip() for line in out.splitlines() if line.strip())
+    found.extend(WELL_KNOWN)
+    return list(dict.fromkeys(found))  # keep order, drop duplicates
 
 
 def probe_version(ctx: Context, path: str) -> tuple[logic.Version | None, str]:
@@ -52,6 +59,10 @@ def project_install_ok(ctx: Context) -> tuple[bool, str]:
     if rc != 0 or out.split()[:1] != [marker.get("sha256")]:
         return False, "partial"
     return True, "complete"
+
+
+def _version(entry: dict) -> logic.Version | None:
+    return logic.parse_policy(entry["version"]) if entry["version"] != "none" else None
 
 
 class Box64Step:
@@ -73,15 +84,41 @@ class Box64Step:
                 continue
             version, raw = probe_version(ctx, path)
             seen.append({"path": path, "version": logic.fmt(version), "raw": raw})
-            if logic.meets_policy(version, minimum):
-                ctx.state["box64"] = path
-                ctx.state["box64_version"] = logic.fmt(version)
-                if path.startswith(prefix_dir(ctx)):
-                    ctx.state["box64_guest_libs"] = f"{prefix_dir(ctx)}/lib/x86_64-linux-gnu"
-                facts.update(path=path, version=logic.fmt(version), seen=seen)
-                return CheckResult(OK, facts, f"box64 {logic.fmt(version)} at {path}")
         facts["seen"] = seen
-        ctx.state.pop("box64", None)
+        good = next(
+            (e for e in seen if logic.meets_policy(_version(e), minimum)),
+            None,
+        )
+        # The box64 a shell would run. If it is below policy it is replaced (moved aside) even
+        # when a good one exists elsewhere: anyone typing `box64` would still get the old one.
+        rc, out, _ = ctx.sh("command -v box64")
+        first = out.strip() if rc == 0 else ""
+        shadow = next(
+            (
+                e
+                for e in seen
+                if e["path"] == first and not logic.meets_policy(_version(e), minimum)
+            ),
+            None,
+        )
+        if good is not None:
+            ctx.state["box64"] = good["path"]
+            ctx.state["box64_version"] = good["version"]
+            if good["path"].startswith(prefix_dir(ctx)):
+                ctx.state["box64_guest_libs"] = f"{prefix_dir(ctx)}/lib/x86_64-linux-gnu"
+            facts.update(path=good["path"], version=good["version"])
+            if shadow is None:
+                return CheckResult(OK, facts, f"box64 {good['version']} at {good['path']}")
+        else:
+            ctx.state.pop("box64", None)
+        if shadow is not None:
+            facts["shadow"] = shadow["path"]
+            return CheckResult(
+                NEEDED,
+                facts,
+                f"box64 {shadow['version']} at {shadow['path']} (first in PATH) is older than "
+                f"{logic.fmt(minimum)}: will replace it",
+            )
         if project_state == "partial":
             return CheckResult(NEEDED, facts, "partial install in project prefix: will redo")
         if ctx.config["box64"].get("path") and not seen:
@@ -102,6 +139,11 @@ class Box64Step:
         candidate = None
         libc_needed = None
         if ctx.facts.get("apt") and ctx.config["box64"].get("allow_distro", True):
+            # Stale package lists would show an old candidate (or none) and send us to a
+            # source build for nothing: refresh them first. Only reached from apply().
+            ctx.sh(
+                f"{ctx.sudo()}env DEBIAN_FRONTEND=noninteractive apt-get update -qq", timeout=600
+            )
             rc, out, _ = ctx.sh("apt-cache policy box64", timeout=60)
             if rc == 0:
                 _, candidate = logic.parse_apt_policy(out)
@@ -124,12 +166,32 @@ class Box64Step:
     def apply(self, ctx: Context, before: CheckResult) -> None:
         if not logic.may_install_on(ctx.arch):
             raise StepError(f"refusing to install box64 on {ctx.arch}")
+        shadow = before.facts.get("shadow")
+        if shadow:
+            self.move_aside(ctx, shadow)
+        if before.facts.get("path"):
+            return  # a good box64 was already there; only the shadowing one had to go
         decision = self.decide(ctx, before)
         ctx.echo(f"  [box64] {decision.reason}")
         if decision.kind == "distro":
             apt_install(ctx, self.name, ["box64"])
             return
         self.build_from_source(ctx)
+
+    def move_aside(self, ctx: Context, path: str) -> None:
+        """Take an old box64 out of PATH, keeping it (nothing is deleted).
+
+        A packaged one is upgraded by the package manager instead; only a hand-installed
+        binary is renamed to `<path>.torch-fl-old`.
+        """
+        rc, _, _ = ctx.sh(f"dpkg -S {shlex.quote(path)} >/dev/null 2>&1")
+        if rc == 0:
+            return  # owned by a package: the distro install/upgrade replaces it
+        q = shlex.quote(path)
+        rc, _, err = ctx.sh(f"{ctx.sudo()}mv -f {q} {q}.torch-fl-old")
+        if rc != 0:
+            raise StepError(f"cannot move the old box64 {path} aside: {err.strip()}; remove it")
+        ctx.echo(f"  [box64] moved the old {path} aside to {path}.torch-fl-old")
 
     def build_from_source(self, ctx: Context) -> None:
         pin = ctx.config["box64"]["source"]

@@ -62,11 +62,8 @@ def ssh(c, command=None):
     info = vm.running()
     if info is None:
         raise Exit("lab.ssh: no lab is running; start one with `invoke lab.up`", code=2)
-    argv = info.ssh_argv()
-    if command is None:
-        argv = [a for a in argv if a != "BatchMode=yes"]
-        argv.insert(1, "-t")
-    else:
+    argv = info.ssh_argv(batch=command is not None)
+    if command is not None:
         argv.append(command)
     sys.stdout.flush()
     os.execvp(argv[0], argv)

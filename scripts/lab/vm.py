@@ -1,0 +1,339 @@
+"""Run the emulated board: qemu-system-aarch64 in the background, reachable over SSH.
+
+One lab at a time per cache root. Its state (pid, port, throwaway keys, known_hosts, console
+log) lives in `<cache root>/run/`; `down` stops qemu by the recorded PID after checking that the
+PID still belongs to that qemu.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from scripts.lab import cache, kernel, rootfs
+
+QEMU = "qemu-system-aarch64"
+MEMORY_MB = 3072
+CPUS = 2
+BOOT_TIMEOUT_S = float(os.environ.get("TORCH_FL_LAB_BOOT_TIMEOUT", "180"))
+
+
+class LabError(RuntimeError):
+    """The lab cannot do what was asked; the message names the problem and the fix."""
+
+
+@dataclass(frozen=True)
+class LabInfo:
+    pid: int
+    port: int
+    page_size: str
+    state_dir: Path
+
+    @property
+    def host(self) -> str:
+        """`--host` value for `invoke provision`."""
+        return f"root@127.0.0.1:{self.port}"
+
+    @property
+    def known_hosts(self) -> Path:
+        return self.state_dir / "known_hosts"
+
+    @property
+    def identity(self) -> Path:
+        return self.state_dir / "id_ed25519"
+
+    def ssh_argv(self, batch: bool = True) -> list[str]:
+        """ssh command line for this lab (append a remote command, or none for a shell)."""
+        return [
+            "ssh",
+            *(["-o", "BatchMode=yes"] if batch else ["-t"]),
+            "-F",
+            "/dev/null",
+            "-p",
+            str(self.port),
+            "-i",
+            str(self.identity),
+            "-o",
+            f"UserKnownHostsFile={self.known_hosts}",
+            "-o",
+            "StrictHostKeyChecking=yes",
+            "-o",
+            "IdentitiesOnly=yes",
+            "-o",
+            "ConnectTimeout=10",
+            "-o",
+            "LogLevel=ERROR",
+            "root@127.0.0.1",
+        ]
+
+
+def state_dir() -> Path:
+    return cache.cache_root() / "run"
+
+
+def _read_info() -> LabInfo | None:
+    path = state_dir() / "lab.json"
+    if not path.is_file():
+        return None
+    data = json.loads(path.read_text())
+    return LabInfo(int(data["pid"]), int(data["port"]), str(data["page_size"]), state_dir())
+
+
+def _is_our_qemu(pid: int) -> bool:
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    return any(arg.endswith(QEMU.encode()) for arg in cmdline) and str(
+        state_dir()
+    ).encode() in b" ".join(cmdline)
+
+
+def running() -> LabInfo | None:
+    """The running lab, or None (a stale state file from a dead qemu is ignored)."""
+    info = _read_info()
+    return info if info is not None and _is_our_qemu(info.pid) else None
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _keygen(path: Path, comment: str) -> str:
+    path.unlink(missing_ok=True)
+    subprocess.run(
+        ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", comment, "-f", str(path)],
+        check=True,
+    )
+    return path.with_suffix(".pub").read_text().strip()
+
+
+def _keys_cpio(run: Path) -> tuple[Path, str]:
+    """Fresh throwaway host and client keys for this lab, as an initramfs overlay."""
+    client_pub = _keygen(run / "id_ed25519", "torch-fl-lab-client")
+    host_pub = _keygen(run / "ssh_host_ed25519_key", "torch-fl-lab-host")
+    with tempfile.TemporaryDirectory(dir=run) as tmp:
+        overlay = Path(tmp)
+        ssh = overlay / "etc/ssh"
+        ssh.mkdir(parents=True)
+        shutil.copy2(run / "ssh_host_ed25519_key", ssh / "ssh_host_ed25519_key")
+        shutil.copy2(run / "ssh_host_ed25519_key.pub", ssh / "ssh_host_ed25519_key.pub")
+        os.chmod(ssh / "ssh_host_ed25519_key", 0o600)
+        dot_ssh = overlay / "root/.ssh"
+        dot_ssh.mkdir(parents=True)
+        (dot_ssh / "authorized_keys").write_text(client_pub + "\n")
+        os.chmod(overlay / "root", 0o700)
+        os.chmod(dot_ssh, 0o700)
+        os.chmod(dot_ssh / "authorized_keys", 0o600)
+        out = run / "keys.cpio.gz"
+        rootfs.pack_cpio(overlay, out)
+    return out, host_pub
+
+
+def _write_known_hosts(run: Path, port: int, host_pub: str) -> None:
+    key_type, key_b64 = host_pub.split()[:2]
+    tmp = run / "known_hosts.tmp"
+    tmp.write_text(f"[127.0.0.1]:{port} {key_type} {key_b64}\n")
+    os.replace(tmp, run / "known_hosts")
+
+
+def _banner(port: int) -> bool:
+    # slirp accepts on the forwarded port before the guest listens; only sshd's banner counts.
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=3) as sock:
+            sock.settimeout(3)
+            return sock.recv(64).startswith(b"SSH-")
+    except OSError:
+        return False
+
+
+def ssh_run(info: LabInfo, command: str, timeout: float = 60.0) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [*info.ssh_argv(), command], capture_output=True, text=True, timeout=timeout
+    )
+
+
+def put(info: LabInfo, local: Path, remote: str, mode: str = "755") -> None:
+    """Copy a file onto the lab through the SSH channel (no scp/sftp dependency)."""
+    parent = remote.rsplit("/", 1)[0] or "/"
+    with open(local, "rb") as src:
+        res = subprocess.run(
+            [
+                *info.ssh_argv(),
+                f"mkdir -p '{parent}' && cat > '{remote}' && chmod {mode} '{remote}'",
+            ],
+            stdin=src,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    if res.returncode != 0:
+        raise LabError(f"copying {local} to the lab's {remote} failed: {res.stderr.strip()}")
+
+
+def _concat(parts: list[Path], out: Path) -> None:
+    tmp = out.with_suffix(".tmp")
+    with open(tmp, "wb") as dst:
+        for part in parts:
+            with open(part, "rb") as src:
+                shutil.copyfileobj(src, dst, 1 << 20)
+    os.replace(tmp, out)
+
+
+def _wait_ssh(info: LabInfo, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and _is_our_qemu(info.pid):
+        if _banner(info.port) and ssh_run(info, "true", timeout=30).returncode == 0:
+            return True
+        time.sleep(1)
+    return False
+
+
+def up(page_size: str = "16k", log=print) -> tuple[LabInfo, dict[str, float]]:
+    """Start the lab (building missing products first); return its info and timings.
+
+    Serialized by a lock, so parallel callers (pytest-xdist workers, two shells) share one lab.
+    """
+    state_dir().mkdir(parents=True, exist_ok=True)
+    with open(state_dir() / ".up.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return _up_locked(page_size, log)
+
+
+def _up_locked(page_size: str, log) -> tuple[LabInfo, dict[str, float]]:
+    timings: dict[str, float] = {}
+    current = running()
+    if current is not None:
+        if current.page_size != page_size:
+            raise LabError(
+                f"a {current.page_size} lab is already running (pid {current.pid}); "
+                "run `invoke lab.down` first"
+            )
+        if not _wait_ssh(current, BOOT_TIMEOUT_S):
+            raise LabError(f"the running lab (pid {current.pid}) does not answer on SSH")
+        return current, timings
+    if shutil.which(QEMU) is None:
+        raise LabError(f"{QEMU} is missing; fix: apt-get install qemu-system-arm")
+    started = time.monotonic()
+    kdir, kbuilt = kernel.ensure(page_size)
+    timings["kernel_s"] = round(time.monotonic() - started, 1)
+    mark = time.monotonic()
+    archive, rbuilt = rootfs.ensure()
+    timings["rootfs_s"] = round(time.monotonic() - mark, 1)
+    log(f"kernel {'built' if kbuilt else 'cached'}: {kdir}")
+    log(f"rootfs {'built' if rbuilt else 'cached'}: {archive}")
+
+    run = state_dir()
+    run.mkdir(parents=True, exist_ok=True)
+    os.chmod(run, 0o700)
+    mark = time.monotonic()
+    keys, host_pub = _keys_cpio(run)
+    parts = [archive]
+    if (kdir / "modules.cpio.gz").is_file():
+        parts.append(kdir / "modules.cpio.gz")
+    _concat([*parts, keys], run / "initrd.cpio.gz")
+    port = _free_port()
+    _write_known_hosts(run, port, host_pub)
+    console = run / "console.log"
+    argv = [
+        "nice",
+        "-n",
+        "19",
+        QEMU,
+        "-M",
+        "virt,gic-version=3",
+        "-cpu",
+        "max",
+        "-smp",
+        str(CPUS),
+        "-m",
+        str(MEMORY_MB),
+        "-accel",
+        "tcg,thread=multi",
+        "-kernel",
+        str(kdir / "Image"),
+        "-initrd",
+        str(run / "initrd.cpio.gz"),
+        "-append",
+        "console=ttyAMA0 rdinit=/init panic=-1",
+        "-netdev",
+        f"user,id=n0,hostfwd=tcp:127.0.0.1:{port}-:22",
+        # Debian's qemu lacks the virtio NIC option ROM; the lab boots without firmware.
+        "-device",
+        "virtio-net-pci,netdev=n0,romfile=",
+        "-display",
+        "none",
+        "-monitor",
+        "none",
+        "-serial",
+        f"file:{console}",
+        "-no-reboot",
+    ]
+    with open(run / "qemu.log", "w") as qlog:
+        proc = subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=qlog,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # survives the invoke process that started it
+        )
+    info = LabInfo(proc.pid, port, page_size, run)
+    tmp = run / "lab.json.tmp"
+    tmp.write_text(json.dumps({"pid": proc.pid, "port": port, "page_size": page_size}) + "\n")
+    os.replace(tmp, run / "lab.json")
+    deadline = time.monotonic() + BOOT_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise LabError(
+                f"qemu exited with rc {proc.returncode} during boot; see {run / 'qemu.log'} "
+                f"and {console}"
+            )
+        if _banner(port):
+            res = ssh_run(info, "true", timeout=30)
+            if res.returncode == 0:
+                timings["boot_s"] = round(time.monotonic() - mark, 1)
+                # The image ships without apt lists (mmdebstrap drops them); index the offline
+                # repository now so the guest looks like a board whose lists are current.
+                res = ssh_run(info, "apt-get update -qq", timeout=300)
+                if res.returncode != 0:
+                    down()
+                    raise LabError(f"apt-get update in the lab failed: {res.stderr.strip()}")
+                timings["total_s"] = round(time.monotonic() - started, 1)
+                return info, timings
+        time.sleep(1)
+    down()
+    tail = console.read_text(errors="replace")[-2000:] if console.exists() else ""
+    raise LabError(
+        f"the lab did not answer on SSH within {BOOT_TIMEOUT_S:.0f}s (raise "
+        f"TORCH_FL_LAB_BOOT_TIMEOUT on a slow host); console tail:\n{tail}"
+    )
+
+
+def down(timeout: float = 20.0) -> bool:
+    """Stop the running lab by PID; True when one was stopped."""
+    info = _read_info()
+    if info is None:
+        return False
+    stopped = False
+    if _is_our_qemu(info.pid):
+        os.kill(info.pid, signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and _is_our_qemu(info.pid):
+            time.sleep(0.2)
+        if _is_our_qemu(info.pid):
+            os.kill(info.pid, signal.SIGKILL)
+        stopped = True
+    for name in ("lab.json", "initrd.cpio.gz", "keys.cpio.gz"):
+        (state_dir() / name).unlink(missing_ok=True)
+    return stopped
