@@ -14,11 +14,12 @@ import pytest
 from lab_helpers import EXPECTED_PAGE, REPO, box64_version, guest
 
 sys.path.insert(0, str(REPO / "tests" / "standins" / "lab"))
+from standin_box64_old import build_old_box64  # noqa: E402
 from standin_hbdk4_wheels import make_wheels  # noqa: E402
 
 from provision import probe  # noqa: E402
 from provision.target import controller_arch  # noqa: E402
-from scripts.lab import standin, vm  # noqa: E402
+from scripts.lab import vm  # noqa: E402
 
 ABORT = "Error: PageSize configuration is wrong: configured with 4096, but got"
 
@@ -80,7 +81,7 @@ SHADOW = "/usr/local/bin/box64"  # first in root's PATH, ahead of Debian's /usr/
 @pytest.fixture
 def standin_old_box64(lab, tmp_path):
     """The stand-in old box64 planted first in the guest's PATH (removed afterwards)."""
-    vm.put(lab, standin.build_old_box64(tmp_path / "standin"), SHADOW)
+    vm.put(lab, build_old_box64(tmp_path / "standin"), SHADOW)
     assert guest(lab, "command -v box64").stdout.strip() == SHADOW
     yield SHADOW
     guest(lab, f"rm -f {SHADOW}")

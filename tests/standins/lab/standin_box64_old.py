@@ -1,4 +1,4 @@
-"""Build the stand-in old box64 (standin_box64_old.c) for the guest's architecture.
+"""STAND-IN, tests only: build the stand-in old box64 (standin_box64_old.c) for the guest.
 
 Used only by the board lab's negative test; product code never ships or runs it.
 """
