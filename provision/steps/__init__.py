@@ -99,18 +99,27 @@ class Context:
             return None
         return data if isinstance(data, dict) and data.get("complete") is True else None
 
-    def write_marker(self, path: str, data: dict[str, Any]) -> None:
-        """Completion markers are written last and atomically: a marker means a finished install."""
-        payload = json.dumps({**data, "complete": True}, indent=1, sort_keys=True)
+    def write_file_atomic(self, path: str, text: str) -> None:
+        """Write `text` to `path` on the target: ship to `path.tmp`, then rename.
+
+        A rename within one directory is atomic, so a reader (torch_fl reading the env file, a
+        later run reading a marker) never sees a half-written file.
+        """
         self.work_dir.mkdir(parents=True, exist_ok=True)
-        tmp = self.work_dir / f"marker-{time.monotonic_ns()}.json"
-        tmp.write_text(payload, encoding="utf-8")
+        local = self.work_dir / f"atomic-{time.monotonic_ns()}"
+        local.write_text(text, encoding="utf-8")
         remote_tmp = f"{path}.tmp"
-        self.target.put(tmp, remote_tmp)
-        tmp.unlink()
+        self.target.put(local, remote_tmp)
+        local.unlink()
         rc, _, err = self.sh(f"mv -f {shlex.quote(remote_tmp)} {shlex.quote(path)}")
         if rc != 0:
-            raise StepError(f"writing completion marker {path} failed: {err.strip()}")
+            raise StepError(f"writing {path} failed: {err.strip()}")
+
+    def write_marker(self, path: str, data: dict[str, Any]) -> None:
+        """Completion markers are written last and atomically: a marker means a finished install."""
+        self.write_file_atomic(
+            path, json.dumps({**data, "complete": True}, indent=1, sort_keys=True)
+        )
 
 
 class Step(Protocol):

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import shlex
-import time
 
 from provision import facts as facts_mod
-from provision.steps import NEEDED, OK, CheckResult, Context, StepError
+from provision.steps import NEEDED, OK, CheckResult, Context
 from provision.steps.box64 import STEP as BOX64
 from provision.steps.vendor_runtime import STEP as VENDOR
 from provision.steps.x86_python import STEP as X86
@@ -73,17 +72,7 @@ class EnvFile:
         return CheckResult(OK, facts, f"{path} up to date ({len(want)} settings)")
 
     def apply(self, ctx: Context, before: CheckResult) -> None:
-        path = ctx.facts["env_file"]
-        ctx.work_dir.mkdir(parents=True, exist_ok=True)
-        local = ctx.work_dir / f"env-{time.monotonic_ns()}"
-        local.write_text(render(before.facts["values"]), encoding="utf-8")
-        tmp = f"{path}.tmp"
-        ctx.target.put(local, tmp)
-        local.unlink()
-        # rename within one directory is atomic: torch_fl never reads a half-written file
-        rc, _, err = ctx.sh(f"mv -f {shlex.quote(tmp)} {shlex.quote(path)}")
-        if rc != 0:
-            raise StepError(f"writing {path} failed: {err.strip()}")
+        ctx.write_file_atomic(ctx.facts["env_file"], render(before.facts["values"]))
 
 
 STEP = EnvFile()
