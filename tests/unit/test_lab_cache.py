@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from scripts import lab
-from scripts.lab import cache, kernel, standin
+from scripts.lab import cache, kernel
+from tests.standins.lab import standin_box64_old as standin
 
 
 @pytest.fixture
