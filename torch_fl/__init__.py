@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from torch_fl import _C, envfile
+from torch_fl import _C, autograd_exit, envfile
 from torch_fl import device as _device_module
 
 __all__ = ["DEVICE_TYPE", "build_info"]
@@ -38,6 +38,7 @@ def _register_device() -> None:
 
 
 _register_device()
+autograd_exit.install()
 
 
 def _warn_about_ucp_configuration() -> None:
