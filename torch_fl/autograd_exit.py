@@ -15,6 +15,9 @@ backward pass whose only node runs on the same device thread. The thread works t
 queue in order and releases each task before taking the next, so once the barrier is done the
 user's GraphTask and its Python object are gone. The barrier is issued straight to the engine,
 without the stash, so its own GraphTask holds no Python object.
+
+`FLAGOS_EXIT_DRAIN=0` (read at exit) switches the barrier off: an escape hatch, and the
+baseline `scripts/stress_exit.py` measures the fix against.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import os
 
 import torch
 
+from torch_fl import envfile
 from torch_fl.device import DEVICE_TYPE
 
 __all__ = ["device_thread_running", "drain_device_threads", "install"]
@@ -69,6 +73,8 @@ def drain_device_threads() -> bool:
 
 def _drain_at_exit() -> None:
     try:
+        if (envfile.get("FLAGOS_EXIT_DRAIN") or "1").strip() == "0":
+            return
         drain_device_threads()
     except Exception:  # noqa: BLE001 - an exit hook must never turn a clean exit into a crash
         pass

@@ -75,3 +75,14 @@ def test_drain_in_a_forked_child_returns_at_once():
     done = run_python(code, {"PYTHONWARNINGS": "ignore"}, timeout=60)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "0"
+
+
+def test_exit_hook_honours_flagos_exit_drain(monkeypatch):
+    calls: list[bool] = []
+    monkeypatch.setattr(autograd_exit, "drain_device_threads", lambda: calls.append(True))
+    monkeypatch.setenv("FLAGOS_EXIT_DRAIN", "0")
+    autograd_exit._drain_at_exit()
+    assert calls == [], "FLAGOS_EXIT_DRAIN=0 must switch the barrier off"
+    monkeypatch.delenv("FLAGOS_EXIT_DRAIN")
+    autograd_exit._drain_at_exit()
+    assert calls == [True], "the barrier runs by default"
