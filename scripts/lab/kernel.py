@@ -227,7 +227,7 @@ def _build_64k(product: Path) -> dict[str, Any]:
     ):
         if f"CONFIG_{opt}=y" not in config:
             raise KernelError(f"CONFIG_{opt} did not stick in the 64k kernel config")
-    _log("building the 64k kernel with make -j2 (about 6.5 minutes on 2 cores)")
+    _log("building the 64k kernel with make -j2 (about 10 minutes on 2 idle cores)")
     log = product / "build.log"
     with open(log, "w") as fh:
         rc = subprocess.run(
