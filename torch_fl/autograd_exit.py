@@ -64,9 +64,13 @@ def drain_device_threads() -> bool:
         leaf = torch.ones(1, device=DEVICE_TYPE, requires_grad=True)
         out = leaf * 2
         seed = torch.ones(1, device=DEVICE_TYPE)
-        # Straight to the engine (not torch.autograd.grad): no Python object in the task's TLS.
+        # Straight to the engine, not through torch.autograd.backward/grad: nothing is stashed
+        # in the thread-local state the task captures. And accumulate (into leaf.grad) instead
+        # of capturing: captured gradients come back as Python tensors that the task's future
+        # also references, and the device thread may be the one to drop that future, which
+        # would take the GIL again; an accumulating task's future holds nothing.
         torch.autograd.Variable._execution_engine.run_backward(
-            (out,), (seed,), False, False, (leaf,), True, False
+            (out,), (seed,), False, False, (), True, True
         )
     return True
 

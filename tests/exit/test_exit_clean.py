@@ -34,6 +34,16 @@ CASES = {
         "w = torch.randn(8, 8, device='flagos', requires_grad=True);"
         "(w @ w).sum().backward(); g = w.grad"
     ),
+    # The exit race of the autograd device thread (torch_fl/autograd_exit.py), made the common
+    # case: on one CPU the woken main thread runs before the device thread drops its GraphTask,
+    # and a 10 s switch interval keeps the GIL with it until it finalises. Without torch_fl's
+    # exit barrier 8 of 8 such interpreters crashed ("terminate called"); with it, 0 of 8.
+    "autograd-gil-held": (
+        "import os, sys; os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]});"
+        "sys.setswitchinterval(10)\n"
+        "w = torch.randn(8, 8, device='flagos', requires_grad=True);"
+        "(w @ w).sum().backward(); g = w.grad"
+    ),
     "compiled": (
         "m = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.ReLU()).eval()\n"
         "x = torch.randn(1, 3, 8, 8)\n"
