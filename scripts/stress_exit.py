@@ -38,9 +38,7 @@ CASE = (
 )
 CRASH_TEXT = ("terminate called", "double free", "corruption", "Segmentation fault")
 BUSY = "while True: pass"
-
-
-SLOW_S = 8.0
+SLOW_S = 8.0  # the engine's shutdown wait is 10 s: a run this slow waited on a stuck thread
 
 
 def run_once(drain: bool, ucp_lib: str, amplify: bool) -> tuple[bool, bool, str]:

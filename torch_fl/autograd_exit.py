@@ -33,7 +33,6 @@ from torch_fl.device import DEVICE_TYPE
 __all__ = ["device_thread_running", "drain_device_threads", "install"]
 
 _THREAD_PREFIX = "pt_autograd_"  # the name the engine gives its device threads
-_installed = False
 
 
 def device_thread_running() -> bool:
@@ -85,8 +84,6 @@ def _drain_at_exit() -> None:
 
 
 def install() -> None:
-    """Register the exit barrier once per process."""
-    global _installed
-    if not _installed:
-        atexit.register(_drain_at_exit)
-        _installed = True
+    """Register the exit barrier once per process (calling it again changes nothing)."""
+    atexit.unregister(_drain_at_exit)
+    atexit.register(_drain_at_exit)

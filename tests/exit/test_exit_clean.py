@@ -39,7 +39,7 @@ CASES = {
     # and a 10 s switch interval keeps the GIL with it until it finalises. Without torch_fl's
     # exit barrier 8 of 8 such interpreters crashed ("terminate called"); with it, 0 of 8.
     "autograd-gil-held": (
-        "import os, sys; os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]});"
+        "import os, sys; os.sched_setaffinity(0, {min(os.sched_getaffinity(0))});"
         "sys.setswitchinterval(10)\n"
         "w = torch.randn(8, 8, device='flagos', requires_grad=True);"
         "(w @ w).sum().backward(); g = w.grad"
