@@ -1,11 +1,11 @@
 """Find the hbdk4 compiler: in this interpreter, in an x86_64 Python, or under an emulator.
 
-Decision (FLAGOS_BPU_DRIVER=auto):
+Decision (driver `auto`; the driver is `BpuSettings.driver`, else FLAGOS_BPU_DRIVER):
 1. hbdk4 importable by this interpreter on x86_64            -> native, this interpreter
 2. FLAGOS_BPU_X86_PYTHON set and this machine is x86_64       -> native, that interpreter
 3. FLAGOS_BPU_X86_PYTHON + FLAGOS_BPU_EMULATOR on non-x86_64  -> emulated (box64)
 4. otherwise                                                  -> none
-FLAGOS_BPU_DRIVER=native|emulated|none forces a kind (tests use it to run the emulated path on
+Driver native|emulated|none forces a kind (tests use it to run the emulated path on
 x86_64 with a stand-in emulator). The result is cached per process and per configuration;
 `discover(refresh=True)` probes again. The probe reads the installed version through
 importlib.metadata in the target interpreter and never imports hbdk4, so it stays cheap.
@@ -55,9 +55,9 @@ class CompilerInfo:
 _CACHE: dict[tuple, CompilerInfo] = {}
 
 
-def _config() -> tuple:
+def _config(driver: str | None) -> tuple:
     return (
-        (envfile.get("FLAGOS_BPU_DRIVER") or "auto").lower(),
+        (driver or envfile.get("FLAGOS_BPU_DRIVER") or "auto").lower(),
         envfile.get("FLAGOS_BPU_X86_PYTHON") or "",
         envfile.get("FLAGOS_BPU_EMULATOR") or "",
         envfile.get("FLAGOS_BPU_GUEST_LIBS") or "",
@@ -113,7 +113,7 @@ def _discover(config: tuple) -> CompilerInfo:
     forced, x86_python, emulator, guest_libs, machine = config
     guest = guest_libs or None
     if forced == "none":
-        return CompilerInfo("none", detail="FLAGOS_BPU_DRIVER=none")
+        return CompilerInfo("none", detail="driver none (FLAGOS_BPU_DRIVER=none or options)")
     is_x86 = machine in ("x86_64", "AMD64")
     if forced in ("auto", "native") and not x86_python and is_x86:
         if importlib.util.find_spec("hbdk4") is not None:
@@ -152,9 +152,12 @@ def _discover(config: tuple) -> CompilerInfo:
     return CompilerInfo(kind, version, x86_python, emulator_path, guest)
 
 
-def discover(refresh: bool = False) -> CompilerInfo:
-    """The compiler available to this process (cached per configuration)."""
-    config = _config()
+def discover(refresh: bool = False, driver: str | None = None) -> CompilerInfo:
+    """The compiler available to this process (cached per configuration).
+
+    `driver` is the compilation's `BpuSettings.driver`; without it FLAGOS_BPU_DRIVER decides.
+    """
+    config = _config(driver)
     if refresh or config not in _CACHE:
         _CACHE[config] = _discover(config)
     return _CACHE[config]
