@@ -124,7 +124,9 @@ def build(
     """Produce (or find) the artifact for `spec` with the weights in `args`."""
     timings: dict[str, float] = {}
     start = time.perf_counter()
-    info: CompilerInfo | None = discover(driver=settings.driver) if (need_hbm or compile_artifact) else None
+    info: CompilerInfo | None = (
+        discover(driver=settings.driver) if (need_hbm or compile_artifact) else None
+    )
     compiler_id = info.compiler_id if info is not None and info.kind != "none" else "none"
     want_compile = (need_hbm or compile_artifact) and compiler_id != "none"
     cache = ArtifactCache(settings.cache_dir) if settings.cache else None
