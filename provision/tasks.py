@@ -12,10 +12,10 @@ from invoke.exceptions import Exit
 
 from provision import config as config_mod
 from provision import facts as facts_mod
-from provision import plan
+from provision import multihost, plan
 from provision import report as report_mod
 from provision.steps import Context, Options, all_steps
-from provision.target import LocalTarget, SshTarget, TargetError, parse_host
+from provision.target import LocalTarget, SshTarget, TargetError
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 
@@ -32,8 +32,10 @@ def _controller_cache() -> Path:
 
 
 @task(
+    iterable=["host"],
     help={
-        "host": "provision user@addr[:port] over SSH instead of this machine",
+        "host": "provision user@addr[:port] over SSH instead of this machine; several "
+        "(a,b or repeated --host) run in parallel",
         "dry": "print the plan, change nothing",
         "only": "comma-separated steps to run (others skipped)",
         "skip": "comma-separated steps to skip",
@@ -42,7 +44,7 @@ def _controller_cache() -> Path:
         "report": "JSON report path (default out/provision/<target>.json)",
         "insecure-host-key": "accept an unknown SSH host key (throwaway test hosts only)",
         "config": "YAML file overriding provision/provision.yaml",
-    }
+    },
 )
 def provision(
     c,
@@ -62,7 +64,8 @@ def provision(
         section = c.config.get("provision") if hasattr(c, "config") else None
         cfg = config_mod.load(config, dict(section) if section else None)
         selected = plan.select(only, skip, cfg["steps"]["skip"])
-        spec = parse_host(host) if host else None
+        specs = multihost.split_hosts(host)
+        spec = specs[0] if len(specs) == 1 else None
         art_dir = Path(artifacts).expanduser() if artifacts else None
         if art_dir is not None and not art_dir.is_dir():
             raise ValueError(f"--artifacts {artifacts} is not a directory")
@@ -73,6 +76,22 @@ def provision(
             list_wheels(wheel_dir)
     except (config_mod.ConfigError, ValueError) as exc:
         raise _bad_input(str(exc)) from exc
+
+    if len(specs) > 1:
+        out_dir = Path(report).parent if report else PROJECT_ROOT / "out" / "provision"
+        code = multihost.run_cli(
+            specs,
+            cfg=cfg,
+            selected=selected,
+            options=Options(artifacts=art_dir, oe_wheels=wheel_dir, dry=dry),
+            insecure_host_key=insecure_host_key,
+            out_dir=out_dir,
+            work_root=_controller_cache(),
+            combined_path=Path(report) if report else None,
+        )
+        if code:
+            raise Exit(code=code)
+        return
 
     try:
         if spec is None:

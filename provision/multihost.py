@@ -1,0 +1,347 @@
+"""Provision several hosts at once: one thread per host, each over its own SSH target.
+
+Every host gets the same pipeline as a single `invoke provision --host` (facts, checks, applies,
+re-checks, an atomically written JSON report), with its own controller scratch directory and
+log directory so parallel runs never share a half-written file. A host that cannot be reached is
+reported as `unreachable` and the others carry on; the exit code is the worst of all hosts.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from provision import facts as facts_mod
+from provision import plan
+from provision import report as report_mod
+from provision.steps import Context, Options, all_steps
+from provision.target import HostSpec, SshTarget, TargetError, parse_host
+
+COMBINED_SCHEMA = "torch-fl/provision-multi/1"
+
+
+@dataclass(frozen=True)
+class HostJob:
+    """One host to provision and the SSH settings to reach it (None: the config's)."""
+
+    spec: HostSpec
+    identity: str | None = None
+    known_hosts: str | None = None
+    label: str | None = None  # how tables name it (a farm place); default user@host:port
+
+    @property
+    def name(self) -> str:
+        spec = self.spec
+        return self.label or f"{spec.user + '@' if spec.user else ''}{spec.host}:{spec.port}"
+
+
+@dataclass
+class HostResult:
+    name: str
+    status: str  # ok | failed | unreachable | error
+    exit_code: int
+    report: str
+    started: float  # wall clock (time.time())
+    finished: float
+    facts: dict[str, Any] = field(default_factory=dict)
+    outcomes: list[plan.Outcome] = field(default_factory=list)
+    actions: int = 0
+    error: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "status": self.status,
+            "exit_code": self.exit_code,
+            "report": self.report,
+            "started": round(self.started, 3),
+            "finished": round(self.finished, 3),
+            "duration_s": round(self.finished - self.started, 3),
+            "actions": self.actions,
+            "arch": self.facts.get("arch"),
+            "pagesize": self.facts.get("pagesize"),
+            "error": self.error,
+        }
+
+
+def split_hosts(values: str | Iterable[str] | None) -> list[HostSpec]:
+    """`--host a,b --host c` -> specs in order; ValueError on a malformed or repeated host."""
+    if values is None:
+        return []
+    items = [values] if isinstance(values, str) else list(values)
+    texts = [t.strip() for item in items for t in str(item).split(",")]
+    if any(not t for t in texts):
+        raise ValueError(
+            "--host has an empty entry; give user@addr[:port] values separated by commas"
+        )
+    specs = [parse_host(t) for t in texts]
+    seen: set[HostSpec] = set()
+    for text, spec in zip(texts, specs, strict=True):
+        if spec in seen:
+            raise ValueError(f"--host {text!r} is given twice; list each host once")
+        seen.add(spec)
+    return specs
+
+
+def slug(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", name)
+
+
+class _Printer:
+    """Line-at-a-time output prefixed with the host, so parallel hosts stay readable."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+
+    def for_host(self, name: str) -> Callable[[str], None]:
+        def echo(msg: str) -> None:
+            with self._lock:
+                for line in str(msg).splitlines() or [""]:
+                    print(f"[{name}] {line}", flush=True)
+
+        return echo
+
+
+def _unreachable_report(job: HostJob, started: float, message: str, cfg: dict[str, Any]) -> dict:
+    doc = report_mod.build(
+        target=job.name,
+        local=False,
+        dry=False,
+        started=started,
+        facts={},
+        outcomes=[],
+        artifacts=[],
+        exit_code=1,
+        config=cfg,
+    )
+    doc["error"] = message
+    return doc
+
+
+def provision_host(
+    job: HostJob,
+    *,
+    cfg: dict[str, Any],
+    selected: list[str],
+    options: Options,
+    insecure_host_key: bool,
+    report_path: Path,
+    work_dir: Path,
+    echo: Callable[[str], None] = print,
+) -> HostResult:
+    """The single-host pipeline for one job; never raises for a host-side problem."""
+    started = time.time()
+    name = job.name
+    try:
+        target = SshTarget(
+            job.spec,
+            insecure_host_key=insecure_host_key,
+            known_hosts=job.known_hosts or cfg["ssh"]["known_hosts"] or None,
+            identity=job.identity or cfg["ssh"]["identity"] or None,
+            connect_timeout=float(cfg["ssh"]["connect_timeout_s"]),
+        )
+    except TargetError as exc:
+        echo(f"unreachable: {exc}")
+        report_mod.write_atomic(report_path, _unreachable_report(job, started, str(exc), cfg))
+        return HostResult(
+            name, "unreachable", 1, str(report_path), started, time.time(), error=str(exc)
+        )
+    target.name = name if job.label else target.name
+    try:
+        facts = facts_mod.gather(target)
+        ctx = Context(
+            target=target,
+            facts=facts,
+            config=cfg,
+            options=options,
+            log_dir=report_path.parent / "logs" / slug(name),
+            work_dir=work_dir,
+            echo=echo,
+        )
+        echo(
+            f"{facts.get('arch')} {facts.get('distro')} {facts.get('distro_version')} "
+            f"glibc {facts.get('glibc')} page {facts.get('pagesize')}"
+            f"{' (dry run)' if options.dry else ''}"
+        )
+        steps = [s for s in all_steps() if s.name in selected]
+        outcomes = plan.dry_run(ctx, steps) if options.dry else plan.apply_run(ctx, steps)
+        code = plan.exit_code(outcomes, options.dry)
+        doc = report_mod.build(
+            target=name,
+            local=False,
+            dry=options.dry,
+            started=started,
+            facts=facts,
+            outcomes=outcomes,
+            artifacts=ctx.recorded_artifacts,
+            exit_code=code,
+            config=cfg,
+        )
+        report_mod.validate(doc)
+        report_mod.write_atomic(report_path, doc)
+    except Exception as exc:  # noqa: BLE001 - one host's crash (dropped link, bad facts) stays its own
+        message = f"{type(exc).__name__}: {exc}"
+        echo(f"error: {message}")
+        doc = _unreachable_report(job, started, message, cfg)
+        report_mod.write_atomic(report_path, doc)
+        return HostResult(name, "error", 1, str(report_path), started, time.time(), error=message)
+    finally:
+        target.close()
+    status = "ok" if code == 0 else "failed"
+    return HostResult(
+        name,
+        status,
+        code,
+        str(report_path),
+        started,
+        time.time(),
+        facts=facts,
+        outcomes=outcomes,
+        actions=doc["actions"],
+    )
+
+
+def provision_hosts(
+    jobs: list[HostJob],
+    *,
+    cfg: dict[str, Any],
+    selected: list[str],
+    options: Options,
+    insecure_host_key: bool,
+    out_dir: Path,
+    work_root: Path,
+    combined_path: Path | None = None,
+) -> tuple[int, list[HostResult], Path]:
+    """Provision every job in its own thread; write per-host reports and a combined one.
+
+    Returns (worst exit code, results in job order, combined report path).
+    """
+    names = [job.name for job in jobs]
+    if len(set(names)) != len(names):
+        raise ValueError(f"two hosts share a name: {names}")
+    printer = _Printer()
+    results: dict[int, HostResult] = {}
+    started = time.time()
+
+    def work(index: int, job: HostJob) -> None:
+        name = job.name
+        echo = printer.for_host(name)
+        try:
+            results[index] = provision_host(
+                job,
+                cfg=cfg,
+                selected=selected,
+                options=options,
+                insecure_host_key=insecure_host_key,
+                report_path=out_dir / f"{slug(name)}.json",
+                # Steps cache downloads and build the probe under work_dir with fixed names;
+                # a directory per host keeps parallel hosts off each other's temp files.
+                work_dir=work_root / "hosts" / slug(name),
+                echo=echo,
+            )
+        except BaseException as exc:  # noqa: BLE001 - report, never lose a host silently
+            now = time.time()
+            results[index] = HostResult(
+                name, "error", 1, "", now, now, error=f"{type(exc).__name__}: {exc}"
+            )
+
+    # Daemon threads: Ctrl-C ends the command; every report already written is complete
+    # (atomic writes) and each step is idempotent, so the next run resumes.
+    threads = [
+        threading.Thread(target=work, args=(i, job), name=f"provision-{job.name}", daemon=True)
+        for i, job in enumerate(jobs)
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        while thread.is_alive():
+            thread.join(timeout=0.5)
+    ordered = [results[i] for i in range(len(jobs))]
+    code = max((r.exit_code for r in ordered), default=0)
+    combined = combined_path or out_dir / "combined.json"
+    doc = {
+        "schema": COMBINED_SCHEMA,
+        "dry": options.dry,
+        "started": round(started, 3),
+        "duration_s": round(time.time() - started, 3),
+        "exit_code": code,
+        "hosts": [r.to_json() for r in ordered],
+    }
+    report_mod.write_atomic(combined, doc)
+    return code, ordered, combined
+
+
+def table(results: list[HostResult]) -> str:
+    """One row per host and step; an unreachable or crashed host gets one row saying so."""
+    rows = [("host", "step", "before", "action", "after", "duration", "detail")]
+    for res in results:
+        if not res.outcomes:
+            rows.append(
+                (res.name, "-", "-", "-", res.status, f"{res.finished - res.started:.1f}s",
+                 (res.error or "").replace("\n", " ")[:90])
+            )  # fmt: skip
+            continue
+        for o in res.outcomes:
+            detail = o.error or (o.final.detail if o.final else "")
+            rows.append(
+                (
+                    res.name,
+                    o.name,
+                    o.before.status if o.before else "-",
+                    o.action,
+                    o.after.status if o.after else "-",
+                    f"{o.duration_s:.1f}s",
+                    detail.replace("\n", " ")[:90],
+                )
+            )
+    widths = [max(len(r[i]) for r in rows) for i in range(6)]
+    lines = []
+    for i, row in enumerate(rows):
+        lines.append("  ".join(c.ljust(widths[j]) for j, c in enumerate(row[:6])) + "  " + row[6])
+        if i == 0:
+            lines.append("  ".join("-" * w for w in widths) + "  " + "-" * 6)
+    return "\n".join(lines)
+
+
+def summary_lines(results: list[HostResult], combined: Path) -> list[str]:
+    lines = [
+        f"{r.name}: {r.status} (exit {r.exit_code}, {r.actions} actions, "
+        f"{r.finished - r.started:.1f}s) report: {r.report}"
+        for r in results
+    ]
+    lines.append(f"combined report: {combined}")
+    return lines
+
+
+def run_cli(
+    specs: list[HostSpec],
+    *,
+    cfg: dict[str, Any],
+    selected: list[str],
+    options: Options,
+    insecure_host_key: bool,
+    out_dir: Path,
+    work_root: Path,
+    combined_path: Path | None = None,
+) -> int:
+    """`invoke provision --host a,b,...`: provision all, print the table, return the worst code."""
+    jobs = [HostJob(spec) for spec in specs]
+    print(f"provision: {len(jobs)} hosts in parallel: {', '.join(j.name for j in jobs)}")
+    code, results, combined = provision_hosts(
+        jobs,
+        cfg=cfg,
+        selected=selected,
+        options=options,
+        insecure_host_key=insecure_host_key,
+        out_dir=out_dir,
+        work_root=work_root,
+        combined_path=combined_path,
+    )
+    print(table(results))
+    print("\n".join(summary_lines(results, combined)))
+    return code
