@@ -136,7 +136,8 @@ def test_training_never_reaches_bpu_pipeline():
     with report.collect() as reps:
         compile_bpu(model, executor="sim")(x).sum().backward()
     ref(x).sum().backward()
-    assert reps == []  # neither forward nor backward of training went to the BPU path
+    # neither forward nor backward of training went to the BPU path (reported as host-run)
+    assert reps and all(g.grad_mode == "host-training" and not g.partitions for g in reps)
     for p, q in zip(model.parameters(), ref.parameters(), strict=False):
         assert torch.allclose(p.grad, q.grad, atol=1e-5)
 

@@ -3,7 +3,8 @@
 aot_autograd turns Dynamo's graph into aten ops. Only the *inference* graph reaches the BPU
 pipeline (rewrite -> partition -> per-partition runtime); training forward and backward graphs
 run on the host, because hbdk4 artifacts are inference-only and int8 forward numerics would
-corrupt gradients.
+corrupt gradients. Which graph a grad-enabled call gets is decided in `gradmode`: an eval model
+whose inputs do not require grad is compiled as inference.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from torch import fx
 from torch._dynamo.backends.common import aot_autograd
 from torch._functorch.aot_autograd import make_boxed_func
 
+from torch_fl.bpu import gradmode
 from torch_fl.bpu import report as reporting
 from torch_fl.bpu.build import PartitionSpec
 from torch_fl.bpu.lowering import apply_rewrites
@@ -31,10 +33,33 @@ from torch_fl.bpu.settings import BpuSettings, resolve
 log = logging.getLogger("torch_fl.bpu")
 _warned_no_board = False
 _graph_counter = 0
+_warned_grad: set = set()
 
 
 def _host_compiler(gm: fx.GraphModule, example_inputs):
     """Training forward/backward: plain host execution, never the BPU compiler."""
+    return make_boxed_func(gm.forward)
+
+
+def _host_forward_compiler(gm: fx.GraphModule, example_inputs, reason: str):
+    """The training forward of a grad-mode call: runs on the host, and the report says so."""
+    from torch_fl.bpu.partitioning.support import is_compute
+
+    global _graph_counter
+    cpu_nodes = [
+        {"node": n.name, "target": str(n.target), "reason": reason}
+        for n in gm.graph.nodes
+        if is_compute(n)
+    ]
+    greport = GraphReport(
+        _graph_counter,
+        cpu_nodes=cpu_nodes,
+        compute_total=len(cpu_nodes),
+        grad_mode=gradmode.HOST_TRAINING,
+    )
+    _graph_counter += 1
+    greport.runtimes = []
+    reporting.register(greport)
     return make_boxed_func(gm.forward)
 
 
@@ -82,7 +107,9 @@ def _static_indices(n_inputs: int) -> set[int]:
     return {i for i in indices if i < n_inputs}
 
 
-def compile_inference(gm: fx.GraphModule, example_inputs, settings: BpuSettings):
+def compile_inference(
+    gm: fx.GraphModule, example_inputs, settings: BpuSettings, grad_mode: str = gradmode.INFERENCE
+):
     """The BPU pipeline for one inference graph. Runs under fake mode: no real tensor work."""
     global _graph_counter
     graph_id = _graph_counter
@@ -96,6 +123,7 @@ def compile_inference(gm: fx.GraphModule, example_inputs, settings: BpuSettings)
         cpu_nodes=[vars(r) for r in plan.rejected],
         compute_total=plan.total_compute,
         rewrites=dict(rewrites),
+        grad_mode=grad_mode,
     )
     greport.runtimes = []  # not a dataclass field: kept out of JSON, used by tests/tools
     if settings.strict and any(r.target != "<built-in function getitem>" for r in plan.rejected):
@@ -160,12 +188,31 @@ def compile_inference(gm: fx.GraphModule, example_inputs, settings: BpuSettings)
 def bpu_backend(gm: fx.GraphModule, example_inputs, options: dict[str, Any] | None = None):
     """torch.compile backend "bpu"; `options` are documented in torch_fl.bpu.settings."""
     settings = resolve(options)
-    inference = functools.partial(compile_inference, settings=settings)
-    return aot_autograd(
-        fw_compiler=_host_compiler,
-        bw_compiler=_host_compiler,
-        inference_compiler=inference,
-    )(gm, example_inputs)
+    grad = gradmode.plan(gm, example_inputs)
+    inference = functools.partial(compile_inference, settings=settings, grad_mode=grad.mode)
+    if grad.mode == gradmode.HOST_TRAINING:
+        if settings.strict:
+            raise StrictModeError(f"strict: nothing offloaded to the BPU: {grad.reason}")
+        if grad.key not in _warned_grad:
+            _warned_grad.add(grad.key)
+            warnings.warn(f"torch_fl.bpu: nothing offloaded: {grad.reason}", stacklevel=2)
+    fw_compiler = functools.partial(_host_forward_compiler, reason=grad.reason)
+    compiler = aot_autograd(
+        fw_compiler=fw_compiler, bw_compiler=_host_compiler, inference_compiler=inference
+    )
+    if grad.mode != gradmode.EVAL_INFERENCE:
+        return compiler(gm, example_inputs)
+    # An eval model called with grad enabled: compile and run the inference graph, as if the
+    # call were under torch.no_grad() (its outputs do not require grad).
+    log.info("bpu: grad enabled on a model in eval mode; compiling the inference graph")
+    with torch.no_grad():
+        compiled = compiler(gm, example_inputs)
+
+    def run_without_grad(*args):
+        with torch.no_grad():
+            return compiled(*args)
+
+    return run_without_grad
 
 
 def register() -> None:

@@ -44,6 +44,8 @@ class GraphReport:
     cpu_nodes: list[dict] = field(default_factory=list)
     compute_total: int = 0
     rewrites: dict = field(default_factory=dict)
+    grad_mode: str = "inference"
+    """inference, eval-inference (grad on, eval model: run as inference) or host-training."""
 
     @property
     def compute_in_partitions(self) -> int:
@@ -117,6 +119,12 @@ class Report:
                     f"{p.nodes:>5} {p.frozen_params:>6}  {shapes}"
                     + (f"  ({p.executor_reason})" if p.executor_reason else "")
                 )
+        host = [g for g in self.graphs if g.grad_mode == "host-training"]
+        if host:
+            lines.append(
+                f"grad mode: {len(host)} graph(s) ran on the host as training graphs "
+                "(see the reasons below)"
+            )
         if self.cpu_nodes:
             lines.append("left on the CPU:")
             for n in self.cpu_nodes:
@@ -148,11 +156,15 @@ def collect() -> Iterator[list[GraphReport]]:
 
 
 def explain(model: torch.nn.Module, *inputs: Any, **options: Any) -> Report:
-    """Compile `model` with the bpu backend, run it once on `inputs`, return the coverage."""
+    """Compile `model` with the bpu backend, run it once on `inputs`, return the coverage.
+
+    The call runs in the caller's grad mode, so the report says what a call made the same way
+    does: under grad mode a model in training mode runs on the host, and the report shows it.
+    """
     from torch_fl.bpu.backend import bpu_backend
 
     compiled = torch.compile(model, backend=bpu_backend, options=options or None, dynamic=False)
-    with collect() as reports, torch.no_grad():
+    with collect() as reports:
         compiled(*inputs)
     if not reports:
         raise RuntimeError(
