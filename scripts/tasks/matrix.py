@@ -6,28 +6,30 @@ tasks only translate flags. Matrix file problems exit 2 with one line, never a t
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 from invoke import Collection, Context, Exit, task
 
+from scripts.tasks.cli import CliTask, bad_flag, int_flag, split_names
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _lanes(values: list[str]) -> list[str]:
-    return [n.strip() for v in values for n in v.split(",") if n.strip()]
-
-
 @task(
+    klass=CliTask,
+    short={"list": "l"},
     iterable=["lane", "require"],
     help={
         "matrix": "run every lane of matrix.yaml that applies to this machine",
         "lane": "only these lanes (repeatable, or a comma list); implies --matrix",
         "list": "validate matrix.yaml and show the plan (lanes, capabilities, expectations)",
         "platform": "force a profile (x86-ci, x86-dev, rdk-s100, rdk-s600, gpu-host): dry run",
-        "json": "write the JSON summary to this path",
+        "json": "also write the JSON summary to this file",
         "junit_dir": "junit XML per lane here (default out/matrix/junit)",
-        "workers": "override every lane's pytest-xdist workers (for measuring)",
-        "require": "fail when this lane cannot run on this machine (repeatable)",
+        "workers": "override every lane's pytest-xdist workers, an integer >= 1 (for measuring)",
+        "require": "fail when this lane cannot run on this machine (repeatable, or a comma list)",
+        "rerun_failed": "rerun only the tests (or lanes) that failed in the last run on disk",
     },
 )
 def test(
@@ -38,15 +40,23 @@ def test(
     platform: str | None = None,
     json: str | None = None,
     junit_dir: str | None = None,
-    workers: int | None = None,
+    workers: str | None = None,
     require: list[str] | None = None,
+    rerun_failed: bool = False,
 ) -> None:
     """Run the tests. Without --matrix: the quick unit lane only."""
-    from scripts.testmatrix.runner import run_matrix
+    from scripts.testmatrix.runner import INTERRUPTED, UsageError, run_matrix
     from scripts.testmatrix.schema import MatrixError
 
-    lanes = _lanes(lane or [])
-    if not (matrix or lanes or list or platform):
+    workers_n = int_flag("--workers", workers)
+    lanes = split_names(lane or [])
+    if lane and not lanes:
+        raise bad_flag("--lane", ",".join(lane), "name at least one lane (invoke test --list)")
+    if json is not None and not json.strip():
+        raise bad_flag("--json", json, "give a file path")
+    if junit_dir is not None and not junit_dir.strip():
+        raise bad_flag("--junit-dir", junit_dir, "give a directory path")
+    if not (matrix or lanes or list or platform or rerun_failed):
         lanes = ["unit"]  # the quick default
     try:
         code = run_matrix(
@@ -55,13 +65,18 @@ def test(
             lanes=lanes or None,
             platform=platform,
             list_only=list,
-            json_path=Path(json) if json else None,
-            junit_dir=Path(junit_dir) if junit_dir else None,
-            workers=workers,
-            require=_lanes(require or []),
+            json_path=Path(json).expanduser() if json else None,
+            junit_dir=Path(junit_dir).expanduser() if junit_dir else None,
+            workers=workers_n,
+            require=split_names(require or []),
+            rerun_failed=rerun_failed,
         )
-    except MatrixError as err:
+    except (MatrixError, UsageError) as err:
         raise Exit(f"error: {err}", code=2) from None
+    except KeyboardInterrupt:
+        # Interrupted before any lane started (while detecting capabilities): nothing ran.
+        print("[matrix] interrupted before any lane ran; nothing to report", file=sys.stderr)
+        raise Exit(code=INTERRUPTED) from None
     if code:
         raise Exit(code=code)
 

@@ -9,6 +9,16 @@ from pathlib import Path
 from scripts.testmatrix.schema import MatrixError
 
 
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} is below 1")
+    return value
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m scripts.testmatrix")
     parser.add_argument("--root", type=Path, default=Path.cwd(), help="repository root")
@@ -19,10 +29,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, help="write the JSON summary here")
     parser.add_argument("--junit-dir", type=Path, help="junit XML per lane (out/matrix/junit)")
     parser.add_argument("--out-dir", type=Path, help="logs and results (ROOT/out/matrix)")
-    parser.add_argument("--workers", type=int, help="override every lane's workers (measuring)")
+    parser.add_argument(
+        "--workers", type=_positive_int, help="override every lane's workers (measuring)"
+    )
     parser.add_argument("--require", action="append", help="fail if this lane cannot run")
+    parser.add_argument(
+        "--rerun-failed", action="store_true", help="rerun what failed in the last run"
+    )
     args = parser.parse_args(argv)
-    from scripts.testmatrix.runner import run_matrix
+    from scripts.testmatrix.runner import UsageError, run_matrix
 
     root = args.root.resolve()
     try:
@@ -37,10 +52,14 @@ def main(argv: list[str] | None = None) -> int:
             out_dir=args.out_dir,
             workers=args.workers,
             require=args.require,
+            rerun_failed=args.rerun_failed,
         )
-    except MatrixError as err:
+    except (MatrixError, UsageError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("[matrix] interrupted before any lane ran; nothing to report", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

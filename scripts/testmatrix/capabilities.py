@@ -259,3 +259,36 @@ def detect(only: set[str] | None = None) -> dict[str, Any]:
 def is_present(value: Any) -> bool:
     """A capability counts as present unless it is false, zero, empty or "none"."""
     return value not in (None, False, 0, "", "none")
+
+
+SYSTEM_PACKAGES = REPO_ROOT / "scripts" / "system-packages.txt"
+# Capabilities that come from the same packages as a group in SYSTEM_PACKAGES.
+_PACKAGE_GROUP = {"sshd": "sshd", "lab": "lab", "qemu_system_aarch64": "lab"}
+
+
+def system_packages(path: Path = SYSTEM_PACKAGES) -> dict[str, list[str]]:
+    """`capability: pkg pkg ...` lines of scripts/system-packages.txt as a dict."""
+    groups: dict[str, list[str]] = {}
+    if not path.is_file():
+        return groups
+    for raw in path.read_text(encoding="utf-8").splitlines():
+        line = raw.split("#", 1)[0].strip()
+        if ":" in line:
+            name, _, packages = line.partition(":")
+            groups[name.strip()] = packages.split()
+    return groups
+
+
+def enable_hint(missing: list[str]) -> str:
+    """The exact command that installs what the missing requirements need ("" if none helps)."""
+    groups = system_packages()
+    packages: list[str] = []
+    for text in missing:
+        name = re.split(r"[\s<>=!]", text.strip().removeprefix("not ").strip(), maxsplit=1)[0]
+        for package in groups.get(_PACKAGE_GROUP.get(name, ""), []):
+            if package not in packages:
+                packages.append(package)
+    if not packages:
+        return ""
+    sudo = "" if hasattr(os, "geteuid") and os.geteuid() == 0 else "sudo "
+    return f"{sudo}apt-get install -y --no-install-recommends {' '.join(packages)}"

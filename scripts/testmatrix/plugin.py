@@ -44,6 +44,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--matrix-lane", default=None, help="lane whose expectations apply")
     group.addoption("--matrix-caps", default=None, help="JSON capabilities (default: detect)")
     group.addoption("--matrix-results", default=None, help="append per-test JSON lines here")
+    group.addoption(
+        "--matrix-subset",
+        action="store_true",
+        default=False,
+        help="only some of the lane's tests run (a rerun): skip the stale-expectation check",
+    )
 
 
 class MatrixPlugin:
@@ -69,6 +75,9 @@ class MatrixPlugin:
         self.phase_bucket: dict[str, str] = {}
         self.messages: dict[str, str] = {}
         self.is_worker = hasattr(config, "workerinput")
+        self.subset = bool(config.getoption("matrix_subset"))
+        self.expectation_of: dict[str, str] = {}
+        self.counted = False
 
     # -- collection -------------------------------------------------------------------------
 
@@ -76,7 +85,21 @@ class MatrixPlugin:
         return next((e for e in self.active if e.matches(nodeid)), None)
 
     def check_stale(self, nodeids: list[str]) -> None:
+        if not self.is_worker and not self.counted:
+            self.counted = True  # the runner's heartbeat shows "done / total"
+            self.emit({"event": "collected", "count": len(nodeids)})
+        for nodeid in nodeids:
+            exp = self.expectation_for(nodeid)
+            if exp is not None:
+                self.expectation_of[nodeid] = exp.location
+        if self.subset:
+            return  # a rerun selects some tests only; staleness needs the whole lane
         self.stale = [e for e in self.active if not any(e.matches(n) for n in nodeids)]
+
+    def pytest_runtest_logstart(self, nodeid: str, location: Any) -> None:
+        # Started-but-unfinished tests are the ones named when a lane hangs or is interrupted.
+        if not self.is_worker:
+            self.emit({"event": "start", "nodeid": nodeid})
 
     @pytest.hookimpl(trylast=True)
     def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
@@ -168,6 +191,7 @@ class MatrixPlugin:
                     "nodeid": nodeid,
                     "bucket": self.phase_bucket.pop(nodeid),
                     "message": self.messages.pop(nodeid, ""),
+                    "expectation": self.expectation_of.get(nodeid),
                 }
             )
 

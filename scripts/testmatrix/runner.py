@@ -5,6 +5,10 @@ Buckets: passed, failed, expected-fail, unexpected-pass, skipped, infra-error. I
 error) are kept apart from test outcomes: a lane that never ran its tests must not look green, and
 a broken machine must not look like a broken test. The run succeeds only when no lane has
 failed, unexpected-pass or infra-error.
+
+Reports are only ever about this run: every output of the previous run (junit, results, logs,
+summaries) is removed before the first lane starts, so a lane killed half-way can never be
+represented by an older, greener file.
 """
 
 from __future__ import annotations
@@ -22,13 +26,15 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-from scripts.testmatrix.capabilities import detect
+from scripts import outpaths, progress
+from scripts.testmatrix.capabilities import detect, enable_hint
 from scripts.testmatrix.platforms import profile
 from scripts.testmatrix.schema import Lane, Matrix, MatrixError, load
 
 BUCKETS = ("passed", "failed", "expected-fail", "unexpected-pass", "skipped", "infra-error")
 BAD_BUCKETS = ("failed", "unexpected-pass", "infra-error")
 HARNESS_ROOT = Path(__file__).resolve().parents[2]
+INTERRUPTED = 130  # 128 + SIGINT
 _PYTEST_RC = {
     2: "pytest was interrupted (rc 2)",
     3: "pytest internal error (rc 3)",
@@ -37,11 +43,16 @@ _PYTEST_RC = {
 }
 
 
+class UsageError(Exception):
+    """A bad command-line value (output path, --require lane, --rerun-failed without results)."""
+
+
 @dataclass
 class LaneResult:
     name: str
-    status: str  # "ran" | "not-run"
+    status: str  # "ran" | "not-run" | "interrupted"
     missing: list[str] = field(default_factory=list)
+    enable: str = ""  # the command that would let a not-run lane run here
     buckets: dict[str, int] = field(default_factory=lambda: dict.fromkeys(BUCKETS, 0))
     duration_s: float = 0.0
     workers: int = 1
@@ -49,6 +60,7 @@ class LaneResult:
     junit: str | None = None
     log: str | None = None
     problems: list[dict[str, str]] = field(default_factory=list)
+    selected: list[str] = field(default_factory=list)  # node ids when only some tests ran
 
     def add(self, bucket: str, nodeid: str, message: str) -> None:
         self.buckets[bucket] += 1
@@ -57,7 +69,9 @@ class LaneResult:
 
     @property
     def ok(self) -> bool:
-        return self.status != "ran" or not any(self.buckets[b] for b in BAD_BUCKETS)
+        if self.status == "not-run":
+            return True
+        return self.status == "ran" and not any(self.buckets[b] for b in BAD_BUCKETS)
 
 
 def _atomic_write(path: Path, text: str) -> None:
@@ -97,20 +111,32 @@ def _terminate(proc: subprocess.Popen[bytes]) -> None:
             continue
 
 
-def _raise_exit(signum: int, frame: object) -> None:
-    raise SystemExit(128 + signum)
+def _raise_interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
 
 
 def _read_records(path: Path) -> list[dict[str, Any]]:
     if not path.is_file():
         return []
     records = []
-    for line in path.read_text(encoding="utf-8").splitlines():
+    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
         try:
             records.append(json.loads(line))
         except json.JSONDecodeError:
             continue  # a line cut short by a kill
     return records
+
+
+def _progress(records: list[dict[str, Any]]) -> tuple[int, int | None, list[str]]:
+    """(tests finished, tests collected or None, node ids started but not finished)."""
+    total = next((r["count"] for r in records if r.get("event") == "collected"), None)
+    finished = {r["nodeid"] for r in records if r.get("event") is None and "bucket" in r}
+    running = [
+        r["nodeid"]
+        for r in records
+        if r.get("event") == "start" and r.get("nodeid") not in finished
+    ]
+    return len(finished), total, running
 
 
 def _log_tail(log: Path) -> str:
@@ -126,21 +152,30 @@ def run_pytest_lane(
     out_dir: Path,
     junit_dir: Path,
     workers: int | None = None,
+    stream: TextIO | None = None,
+    nodeids: list[str] | None = None,
 ) -> LaneResult:
+    """Run one lane (or only `nodeids` of it); a Ctrl-C/SIGTERM returns status "interrupted"."""
     workers = workers or lane.workers
-    result = LaneResult(lane.name, "ran", workers=workers)
+    result = LaneResult(lane.name, "ran", workers=workers, selected=list(nodeids or []))
     start = time.monotonic()
+    junit = junit_dir / f"{lane.name}.xml"
     missing_paths = [p for p in lane.paths if not (root / p).exists()]
     if missing_paths:
         result.add("infra-error", lane.name, f"lane path(s) missing: {', '.join(missing_paths)}")
+        _finish_junit(result, junit)
         return result
     if workers > 1 and importlib.util.find_spec("xdist") is None:
         result.add("infra-error", lane.name, "missing tool: pytest-xdist (pip install it)")
+        _finish_junit(result, junit)
+        return result
+    if lane.test_timeout and importlib.util.find_spec("pytest_timeout") is None:
+        result.add("infra-error", lane.name, "missing tool: pytest-timeout (pip install it)")
+        _finish_junit(result, junit)
         return result
     results_file = out_dir / "results" / f"{lane.name}.jsonl"
     results_file.parent.mkdir(parents=True, exist_ok=True)
     results_file.unlink(missing_ok=True)
-    junit = junit_dir / f"{lane.name}.xml"
     junit_dir.mkdir(parents=True, exist_ok=True)
     log = out_dir / "logs" / f"{lane.name}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
@@ -153,13 +188,20 @@ def run_pytest_lane(
     ]  # fmt: skip
     if workers > 1:
         cmd += ["-n", str(workers)]
+    if lane.test_timeout:
+        # One hung test fails alone, named, and the lane's other results survive.
+        cmd += [f"--timeout={lane.test_timeout:g}"]
     if lane.keyword:
         cmd += ["-k", lane.keyword]
     if lane.markers:
         cmd += ["-m", lane.markers]
-    cmd += lane.paths
-    timed_out = False
-    with open(log, "wb") as log_fh:
+    if nodeids:
+        cmd += ["--matrix-subset", *nodeids]
+    else:
+        cmd += lane.paths
+    timed_out = interrupted = False
+    beat = progress.heartbeat(f"matrix {lane.name}", stream=stream or sys.stdout)
+    with open(log, "wb") as log_fh, beat:
         proc = subprocess.Popen(
             cmd,
             cwd=root,
@@ -169,29 +211,40 @@ def run_pytest_lane(
             stdin=subprocess.DEVNULL,
             start_new_session=True,
         )
-        # The lane runs in its own session (so a timeout can kill its whole group); if the
-        # runner itself is stopped (Ctrl-C, SIGTERM from CI), take the lane down with it.
-        previous = signal.signal(signal.SIGTERM, _raise_exit)
+        # The lane runs in its own session (so a timeout can kill its whole group, and a
+        # terminal's Ctrl-C reaches only the runner); the runner takes the lane down with it.
+        deadline = start + lane.timeout
         try:
-            proc.wait(timeout=lane.timeout)
-        except subprocess.TimeoutExpired:
-            timed_out = True
+            while True:
+                try:
+                    proc.wait(timeout=1.0)
+                    break
+                except subprocess.TimeoutExpired:
+                    done, total, running = _progress(_read_records(results_file))
+                    beat.update(done=done, total=total, note=", ".join(running[:2]))
+                    if time.monotonic() > deadline:
+                        timed_out = True
+                        _terminate(proc)
+                        break
+        except KeyboardInterrupt:
+            interrupted = True
             _terminate(proc)
-        except BaseException:
-            _terminate(proc)
-            raise
-        finally:
-            signal.signal(signal.SIGTERM, previous)
     result.duration_s = time.monotonic() - start
     result.returncode = proc.returncode
     result.log = str(log)
-    result.junit = str(junit) if junit.is_file() else None
-    _classify(result, _read_records(results_file), timed_out, lane.timeout, log)
+    records = _read_records(results_file)
+    _classify(result, records, timed_out, lane.timeout, log, interrupted)
+    _finish_junit(result, junit, records)
     return result
 
 
 def _classify(
-    result: LaneResult, records: list[dict[str, Any]], timed_out: bool, timeout: float, log: Path
+    result: LaneResult,
+    records: list[dict[str, Any]],
+    timed_out: bool,
+    timeout: float,
+    log: Path,
+    interrupted: bool = False,
 ) -> None:
     for rec in records:
         event = rec.get("event")
@@ -201,10 +254,26 @@ def _classify(
             result.add("infra-error", rec["expectation"], rec["message"])
         elif event is None:
             result.add(rec["bucket"], rec["nodeid"], rec.get("message", ""))
+    done, _, running = _progress(records)
     rc = result.returncode
-    if timed_out:
-        done = sum(result.buckets.values())
-        result.add("infra-error", result.name, f"timeout after {timeout:.0f}s ({done} finished)")
+    if interrupted:
+        result.status = "interrupted"
+        for nodeid in running:
+            result.add("infra-error", nodeid, "interrupted while running (Ctrl-C/SIGTERM)")
+        if not running:
+            result.add("infra-error", result.name, f"interrupted ({done} finished)")
+    elif timed_out:
+        for nodeid in running:
+            result.add(
+                "infra-error", nodeid, f"still running when the lane timed out ({timeout:.0f}s)"
+            )
+        result.add(
+            "infra-error",
+            result.name,
+            f"lane timeout after {timeout:.0f}s ({done} finished"
+            + (f"; hung: {', '.join(running)}" if running else "")
+            + ")",
+        )
     elif rc is not None and rc < 0:
         result.add("infra-error", result.name, f"pytest died with signal {-rc}: {_log_tail(log)}")
     elif rc in _PYTEST_RC:
@@ -216,33 +285,99 @@ def _classify(
         )
 
 
-def _write_junit(path: Path, suite: str, cases: list[tuple[str, float, str | None]]) -> None:
-    failures = sum(1 for _, _, failure in cases if failure is not None)
-    root = ET.Element("testsuites")
-    ts = ET.SubElement(
-        root, "testsuite", name=suite, tests=str(len(cases)), failures=str(failures), errors="0"
-    )
-    for name, seconds, failure in cases:
-        case = ET.SubElement(ts, "testcase", classname=suite, name=name, time=f"{seconds:.3f}")
-        if failure is not None:
-            ET.SubElement(case, "failure", message=failure.splitlines()[0][:200]).text = failure
-    _atomic_write(path, ET.tostring(root, encoding="unicode"))
+# -- junit --------------------------------------------------------------------------------------
+
+
+def _case_ids(case: ET.Element) -> set[str]:
+    ids = {p.get("value", "") for p in case.iter("property") if p.get("name") == "nodeid"}
+    ids.add(f"{case.get('classname', '')}::{case.get('name', '')}")
+    return ids
+
+
+def _finish_junit(
+    result: LaneResult, junit: Path, records: list[dict[str, Any]] | None = None
+) -> None:
+    """Make `junit` tell the whole story of this run of the lane.
+
+    pytest writes its junit only when it finishes; a lane killed by its timeout or a Ctrl-C
+    leaves none, and pytest never knows about stale expectations or the lane's own timeout.
+    Missing files are rebuilt from the per-test results, and every infra-error that is not
+    already a testcase becomes an `<error>` testcase, so dashboards cannot show green.
+    """
+    tree: ET.Element | None = None
+    if junit.is_file():
+        try:
+            tree = ET.parse(junit).getroot()
+        except ET.ParseError:
+            tree = None  # cut short by a kill: rebuild below
+    if tree is None:
+        tree = ET.Element("testsuites")
+        suite = ET.SubElement(tree, "testsuite", name=result.name)
+        for rec in records or []:
+            if rec.get("event") is not None or "bucket" not in rec:
+                continue
+            case = ET.SubElement(
+                suite, "testcase", classname=result.name, name=rec["nodeid"], time="0"
+            )
+            props = ET.SubElement(case, "properties")
+            ET.SubElement(props, "property", name="nodeid", value=rec["nodeid"])
+            if rec.get("expectation"):
+                ET.SubElement(
+                    props, "property", name="matrix_expectation", value=rec["expectation"]
+                )
+            bucket = rec["bucket"]
+            message = rec.get("message", "")
+            if bucket in ("failed", "unexpected-pass"):
+                ET.SubElement(case, "failure", message=message[:200]).text = message
+            elif bucket == "infra-error":
+                ET.SubElement(case, "error", message=message[:200]).text = message
+            elif bucket in ("skipped", "expected-fail"):
+                kind = "pytest.xfail" if bucket == "expected-fail" else "pytest.skip"
+                ET.SubElement(case, "skipped", type=kind, message=message[:200])
+    suite = tree.find("testsuite") if tree.tag == "testsuites" else tree
+    if suite is None:
+        suite = ET.SubElement(tree, "testsuite", name=result.name)
+    known: set[str] = set()
+    for case in suite.iter("testcase"):
+        known |= _case_ids(case)
+    for problem in result.problems:
+        nodeid = problem["nodeid"]
+        # pytest names a collection error's testcase after the module (tests.a.test_b).
+        dotted = nodeid[:-3].replace("/", ".") if nodeid.endswith(".py") else nodeid
+        if problem["bucket"] != "infra-error" or {nodeid, f"::{dotted}"} & known:
+            continue
+        case = ET.SubElement(
+            suite, "testcase", classname=f"{result.name}.matrix", name=problem["nodeid"], time="0"
+        )
+        props = ET.SubElement(case, "properties")
+        ET.SubElement(props, "property", name="nodeid", value=problem["nodeid"])
+        ET.SubElement(case, "error", message=problem["message"][:200]).text = problem["message"]
+        known.add(problem["nodeid"])
+    cases = list(suite.iter("testcase"))
+    suite.set("tests", str(len(cases)))
+    suite.set("failures", str(sum(1 for c in cases if c.find("failure") is not None)))
+    suite.set("errors", str(sum(1 for c in cases if c.find("error") is not None)))
+    suite.set("skipped", str(sum(1 for c in cases if c.find("skipped") is not None)))
+    _atomic_write(junit, ET.tostring(tree, encoding="unicode"))
+    result.junit = str(junit)
 
 
 def run_ruff_lane(lane: Lane, root: Path, out_dir: Path, junit_dir: Path) -> LaneResult:
     """`ruff check` + `ruff format --check`, each one test case."""
     result = LaneResult(lane.name, "ran")
+    junit = junit_dir / f"{lane.name}.xml"
     ruff = shutil.which("ruff") or str(Path(sys.executable).with_name("ruff"))
     if not os.access(ruff, os.X_OK):
         result.add("infra-error", lane.name, "missing tool: ruff (pip install ruff)")
+        _finish_junit(result, junit)
         return result
-    cases: list[tuple[str, float, str | None]] = []
+    records: list[dict[str, Any]] = []
     log = out_dir / "logs" / f"{lane.name}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
     log_text = []
     start = time.monotonic()
     for name, args in (("ruff-check", ["check"]), ("ruff-format", ["format", "--check"])):
-        t0 = time.monotonic()
+        nodeid = f"lint::{name}"
         try:
             proc = subprocess.run(
                 [ruff, *args, *lane.paths],
@@ -252,25 +387,24 @@ def run_ruff_lane(lane: Lane, root: Path, out_dir: Path, junit_dir: Path) -> Lan
                 timeout=lane.timeout,
             )
         except subprocess.TimeoutExpired:
-            result.add("infra-error", f"lint::{name}", f"timeout after {lane.timeout:.0f}s")
+            result.add("infra-error", nodeid, f"timeout after {lane.timeout:.0f}s")
             continue
         output = (proc.stdout + proc.stderr).strip()
         log_text.append(f"$ ruff {' '.join(args)} {' '.join(lane.paths)}\n{output}\n")
         if proc.returncode == 0:
-            result.add("passed", f"lint::{name}", "")
-            cases.append((name, time.monotonic() - t0, None))
+            result.add("passed", nodeid, "")
+            records.append({"nodeid": nodeid, "bucket": "passed"})
         elif proc.returncode == 1:
             summary = next((ln for ln in reversed(output.splitlines()) if ln.strip()), "")
-            result.add("failed", f"lint::{name}", summary)
-            cases.append((name, time.monotonic() - t0, output or summary))
+            result.add("failed", nodeid, summary)
+            records.append({"nodeid": nodeid, "bucket": "failed", "message": output or summary})
         else:  # rc 2: ruff itself could not run (bad config, bad path)
-            result.add("infra-error", f"lint::{name}", f"ruff rc {proc.returncode}: {output[:200]}")
+            result.add("infra-error", nodeid, f"ruff rc {proc.returncode}: {output[:200]}")
     result.duration_s = time.monotonic() - start
     _atomic_write(log, "\n".join(log_text))
     result.log = str(log)
-    junit = junit_dir / f"{lane.name}.xml"
-    _write_junit(junit, lane.name, cases)
-    result.junit = str(junit)
+    junit.unlink(missing_ok=True)
+    _finish_junit(result, junit, records)
     return result
 
 
@@ -292,6 +426,11 @@ def select_lanes(matrix: Matrix, names: list[str] | None) -> list[Lane]:
     return [lane for name, lane in matrix.lanes.items() if name in wanted]
 
 
+def _not_run_text(missing: list[str], enable: str) -> str:
+    text = f"not run (missing: {', '.join(missing)})"
+    return f"{text}; enable: {enable}" if enable else text
+
+
 def format_plan(matrix: Matrix, lanes: list[Lane], caps: dict[str, Any], platform: str) -> str:
     out = [
         f"platform: {platform}",
@@ -301,7 +440,9 @@ def format_plan(matrix: Matrix, lanes: list[Lane], caps: dict[str, Any], platfor
     for lane in lanes:
         missing = lane.missing(caps)
         plan = (
-            f"not run (missing: {', '.join(missing)})" if missing else "run " + " ".join(lane.paths)
+            _not_run_text(missing, enable_hint(missing))
+            if missing
+            else "run " + " ".join(lane.paths)
         )
         out.append(f"{lane.name:<18}{lane.kind:<8}{lane.workers:>8}{lane.timeout:>8.0f}s  {plan}")
         for exp in matrix.expectations:
@@ -315,20 +456,32 @@ def format_plan(matrix: Matrix, lanes: list[Lane], caps: dict[str, Any], platfor
 _SHORT = {"expected-fail": "xfail", "unexpected-pass": "xpass", "infra-error": "infra"}
 
 
-def format_table(results: list[LaneResult]) -> str:
+def _verdict(r: LaneResult) -> str:
+    if r.status == "interrupted":
+        return "INTERRUPTED"
+    if r.status == "not-run":
+        return _not_run_text(r.missing, r.enable)
+    return "ok" if r.ok else "FAIL"
+
+
+def _rows(results: list[LaneResult]) -> tuple[list[str], list[list[str]]]:
     heads = ["lane", *(_SHORT.get(b, b) for b in BUCKETS), "workers", "time", "result"]
-    rows = [heads]
+    rows = []
     for r in results:
-        if r.status == "ran":
-            counts = [str(r.buckets[b]) for b in BUCKETS]
-            verdict = "ok" if r.ok else "FAIL"
-            rows.append([r.name, *counts, str(r.workers), f"{r.duration_s:.1f}s", verdict])
+        if r.status == "not-run":
+            rows.append([r.name, *["-"] * len(BUCKETS), "-", "-", _verdict(r)])
         else:
-            missing = f"not run (missing: {', '.join(r.missing)})"
-            rows.append([r.name, *["-"] * len(BUCKETS), "-", "-", missing])
+            counts = [str(r.buckets[b]) for b in BUCKETS]
+            rows.append([r.name, *counts, str(r.workers), f"{r.duration_s:.1f}s", _verdict(r)])
     total = sum(r.duration_s for r in results)
-    sums = [str(sum(r.buckets[b] for r in results if r.status == "ran")) for b in BUCKETS]
+    sums = [str(sum(r.buckets[b] for r in results if r.status != "not-run")) for b in BUCKETS]
     rows.append(["total", *sums, "", f"{total:.1f}s", ""])
+    return heads, rows
+
+
+def format_table(results: list[LaneResult]) -> str:
+    heads, rows = _rows(results)
+    rows = [heads, *rows]
     widths = [max(len(row[i]) for row in rows) for i in range(len(heads) - 1)]
     lines = []
     for row in rows:
@@ -351,6 +504,98 @@ def format_problems(results: list[LaneResult], limit: int = 20) -> str:
     return "\n".join(out)
 
 
+def _md(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ").replace("`", "'")
+
+
+def format_markdown(results: list[LaneResult], code: int, platform: str, limit: int = 20) -> str:
+    """The lane table and every failure with its first error line, as GitHub Markdown."""
+    verdict = {0: "passed", INTERRUPTED: "interrupted"}.get(code, "FAILED")
+    heads, rows = _rows(results)
+    out = [
+        f"## Test matrix: {verdict}",
+        "",
+        f"platform: {platform}",
+        "",
+        "| " + " | ".join(heads) + " |",
+        "|" + "|".join(["---"] + ["---:"] * (len(heads) - 2) + ["---"]) + "|",
+    ]
+    out += ["| " + " | ".join(_md(c) for c in row) + " |" for row in rows]
+    failures = [(r.name, p) for r in results for p in r.problems if p["bucket"] in BAD_BUCKETS]
+    if failures:
+        out += ["", "### Failures", ""]
+        for lane, p in failures[:limit]:
+            first = p["message"].strip().splitlines()[0] if p["message"].strip() else ""
+            out.append(f"- **{lane}** {p['bucket']}: `{_md(p['nodeid'])}`: {_md(first)[:300]}")
+        if len(failures) > limit:
+            out.append(f"- ... and {len(failures) - limit} more (see summary.json)")
+    if code == INTERRUPTED:
+        out += ["", "The run was interrupted; re-run to finish the remaining lanes."]
+    return "\n".join(out) + "\n"
+
+
+# -- outputs of earlier runs ----------------------------------------------------------------------
+
+
+def _clear_outputs(out_dir: Path, junit_dir: Path, lane_names: list[str]) -> None:
+    """Remove every output a previous run left for the matrix's lanes (and the summaries)."""
+    for name in lane_names:
+        for path in (
+            junit_dir / f"{name}.xml",
+            out_dir / "results" / f"{name}.jsonl",
+            out_dir / "logs" / f"{name}.log",
+        ):
+            path.unlink(missing_ok=True)
+    for name in ("summary.json", "summary.md"):
+        (out_dir / name).unlink(missing_ok=True)
+
+
+def failed_last_time(summary_file: Path, matrix: Matrix) -> dict[str, list[str] | None]:
+    """lane -> node ids that failed in the run recorded in `summary_file` (None: the whole lane).
+
+    Lane-level problems (timeout, crash, stale expectation, a lint failure) rerun the whole
+    lane; test failures rerun just those tests.
+    """
+    if not summary_file.is_file():
+        raise UsageError(
+            f"--rerun-failed: no results of an earlier run in {summary_file}; "
+            "run `invoke test --matrix` first"
+        )
+    try:
+        summary = json.loads(summary_file.read_text(encoding="utf-8"))
+        lanes = summary["lanes"]
+    except (ValueError, KeyError, TypeError):
+        raise UsageError(
+            f"--rerun-failed: {summary_file} is not a matrix summary; run the matrix again"
+        ) from None
+    selection: dict[str, list[str] | None] = {}
+    for lane in lanes:
+        name = lane.get("name")
+        if name not in matrix.lanes or lane.get("status") == "not-run":
+            continue
+        bad = [p for p in lane.get("problems", []) if p.get("bucket") in BAD_BUCKETS]
+        if not bad:
+            continue
+        whole = matrix.lanes[name].kind != "pytest" or any(
+            "::" not in p["nodeid"] and not p["nodeid"].endswith(".py") for p in bad
+        )
+        if whole:
+            selection[name] = None
+        else:
+            selection[name] = list(dict.fromkeys(p["nodeid"] for p in bad))
+    return selection
+
+
+def _check_outputs(json_path: Path | None, junit_dir: Path, out_dir: Path) -> None:
+    problems = [("--out-dir", out_dir, outpaths.dir_problem(out_dir))]
+    problems.append(("--junit-dir", junit_dir, outpaths.dir_problem(junit_dir)))
+    if json_path is not None:
+        problems.append(("--json", json_path, outpaths.file_problem(json_path)))
+    for flag, path, problem in problems:
+        if problem:
+            raise UsageError(f"{flag} {str(path)!r}: {problem}")
+
+
 def run_matrix(
     root: Path,
     matrix_file: Path,
@@ -364,11 +609,28 @@ def run_matrix(
     require: list[str] | None = None,
     stream: TextIO | None = None,
     caps: dict[str, Any] | None = None,
+    rerun_failed: bool = False,
 ) -> int:
-    """Validate, plan, run, report. Returns the exit code (0 only when every ran lane is clean)."""
+    """Validate, plan, run, report. Returns the exit code (0 only when every ran lane is clean,
+    130 when interrupted). Bad input raises MatrixError (the matrix file) or UsageError (flags)."""
     stream = stream or sys.stdout
     matrix = load(matrix_file)
     selected = select_lanes(matrix, lanes)
+    required = [n.strip() for item in require or [] for n in item.split(",") if n.strip()]
+    unknown = [n for n in required if n not in matrix.lanes]
+    if unknown:
+        raise UsageError(
+            f"--require: unknown lane(s) {', '.join(unknown)}; known: {', '.join(matrix.lanes)}"
+        )
+    unselected = [n for n in required if n not in {lane.name for lane in selected}]
+    if unselected:
+        raise UsageError(
+            f"--require {', '.join(unselected)}: not among the selected lanes; add it to --lane"
+        )
+    if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int)):
+        raise UsageError(f"--workers {workers!r}: use a whole number >= 1")
+    if workers is not None and workers < 1:
+        raise UsageError(f"--workers {workers}: use a whole number >= 1")
     if platform:
         try:
             caps, platform_name = profile(platform), platform
@@ -377,54 +639,127 @@ def run_matrix(
     elif caps is not None:
         platform_name = "given"  # callers that already know (tests, a wrapping tool)
     else:
-        caps, platform_name = detect(), "detected"
+        caps, platform_name = None, "detected"
     if list_only or platform:
         # A forced profile describes another machine: show what would happen there, run nothing.
+        caps = caps if caps is not None else detect()
         print(format_plan(matrix, selected, caps, platform_name), file=stream)
         return 0
     out_dir = out_dir or root / "out" / "matrix"
     junit_dir = junit_dir or out_dir / "junit"
+    _check_outputs(json_path, junit_dir, out_dir)
+    rerun: dict[str, list[str] | None] | None = None
+    if rerun_failed:
+        rerun = failed_last_time(out_dir / "summary.json", matrix)
+        selected = [lane for lane in selected if lane.name in rerun]
+        if not selected:
+            print("[matrix] nothing failed in the last run; nothing to rerun", file=stream)
+            return 0
+    caps = caps if caps is not None else detect()
+    _clear_outputs(out_dir, junit_dir, list(matrix.lanes))
     caps_file = out_dir / "capabilities.json"
     _atomic_write(caps_file, json.dumps(caps, indent=2))
     results: list[LaneResult] = []
     started = time.time()
-    for lane in selected:
-        missing = lane.missing(caps)
-        if missing:
-            results.append(LaneResult(lane.name, "not-run", missing=missing))
-            print(f"[matrix] {lane.name}: not run (missing: {', '.join(missing)})", file=stream)
-            continue
-        print(
-            f"[matrix] {lane.name}: running ({workers or lane.workers} worker(s)) ...",
-            file=stream,
-            flush=True,
-        )
-        if lane.kind == "ruff":
-            res = run_ruff_lane(lane, root, out_dir, junit_dir)
-        else:
-            res = run_pytest_lane(
-                lane, matrix_file.resolve(), root, caps_file, out_dir, junit_dir, workers
+    interrupted_lane: str | None = None
+    try:
+        previous = signal.signal(signal.SIGTERM, _raise_interrupt)
+    except ValueError:  # not the main thread (an embedding tool): keep its handlers
+        previous = None
+    try:
+        for lane in selected:
+            missing = lane.missing(caps)
+            if missing:
+                hint = enable_hint(missing)
+                results.append(LaneResult(lane.name, "not-run", missing=missing, enable=hint))
+                print(f"[matrix] {lane.name}: {_not_run_text(missing, hint)}", file=stream)
+                continue
+            subset = rerun.get(lane.name) if rerun else None
+            print(
+                f"[matrix] {lane.name}: running ({workers or lane.workers} worker(s))"
+                + (f", {len(subset)} test(s) that failed last time" if subset else "")
+                + " ...",
+                file=stream,
+                flush=True,
             )
-        results.append(res)
-    for name in require or []:
-        res = next((r for r in results if r.name == name), None)
-        if res is not None and res.status == "not-run":
-            res.status = "ran"
-            res.add("infra-error", name, f"required lane not run: missing {', '.join(res.missing)}")
+            try:
+                if lane.kind == "ruff":
+                    res = run_ruff_lane(lane, root, out_dir, junit_dir)
+                else:
+                    res = run_pytest_lane(
+                        lane,
+                        matrix_file.resolve(),
+                        root,
+                        caps_file,
+                        out_dir,
+                        junit_dir,
+                        workers,
+                        stream=stream,
+                        nodeids=subset,
+                    )
+            except KeyboardInterrupt:
+                res = LaneResult(lane.name, "interrupted")
+                res.add("infra-error", lane.name, "interrupted (Ctrl-C/SIGTERM)")
+                _finish_junit(res, junit_dir / f"{lane.name}.xml")
+            results.append(res)
+            if res.status == "interrupted":
+                interrupted_lane = lane.name
+                break
+    except KeyboardInterrupt:
+        interrupted_lane = interrupted_lane or "(between lanes)"
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+    if interrupted_lane is None:
+        for name in required:
+            res = next((r for r in results if r.name == name), None)
+            if res is not None and res.status == "not-run":
+                res.status = "ran"
+                res.add(
+                    "infra-error",
+                    name,
+                    f"required lane cannot run here: missing {', '.join(res.missing)}"
+                    + (f"; enable: {res.enable}" if res.enable else ""),
+                )
+                _finish_junit(res, junit_dir / f"{name}.xml")
     print(format_table(results), file=stream)
     problems = format_problems(results)
     if problems:
         print(problems, file=stream)
-    code = 0 if all(r.ok for r in results) else 1
+    if interrupted_lane is not None:
+        done = [r.name for r in results if r.status == "ran"]
+        remaining = [lane.name for lane in selected if lane.name not in done]
+        print(
+            f"[matrix] interrupted during {interrupted_lane}; finished: "
+            f"{', '.join(done) or 'none'}; not finished: {', '.join(remaining)}. "
+            f"Re-run to resume: invoke test --lane {','.join(remaining)}",
+            file=stream,
+        )
+        code = INTERRUPTED
+    else:
+        code = 0 if all(r.ok for r in results) else 1
     summary = {
         "platform": platform_name,
         "capabilities": caps,
         "started": started,
         "duration_s": time.time() - started,
         "exit_code": code,
+        "interrupted": interrupted_lane is not None,
+        "interrupted_lane": interrupted_lane,
+        "rerun_failed": rerun_failed,
         "lanes": [asdict(r) for r in results],
     }
+    text = json.dumps(summary, indent=2)
     if json_path is not None:
-        _atomic_write(json_path, json.dumps(summary, indent=2))
-    _atomic_write(out_dir / "summary.json", json.dumps(summary, indent=2))
+        _atomic_write(json_path, text)
+    _atomic_write(out_dir / "summary.json", text)
+    markdown = format_markdown(results, code, platform_name)
+    _atomic_write(out_dir / "summary.md", markdown)
+    step_summary = os.environ.get("GITHUB_STEP_SUMMARY")
+    if step_summary:
+        try:
+            with open(step_summary, "a", encoding="utf-8") as fh:
+                fh.write(markdown)
+        except OSError as err:
+            print(f"[matrix] cannot append to $GITHUB_STEP_SUMMARY: {err}", file=stream)
     return code

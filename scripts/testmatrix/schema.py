@@ -83,6 +83,7 @@ class Lane:
     requires: list[Requirement] = field(default_factory=list)
     workers: int = 1
     timeout: float = 600.0
+    test_timeout: float | None = None  # per test (pytest-timeout); None: no per-test limit
     env: dict[str, str] = field(default_factory=dict)
     description: str = ""
 
@@ -214,6 +215,7 @@ class _Validator:
                 "requires": False,
                 "workers": False,
                 "timeout": True,
+                "test_timeout": False,
                 "env": False,
             },
         )
@@ -234,6 +236,18 @@ class _Validator:
         if "workers" in keys:
             lane.workers = self.number(keys["workers"], f"{what} workers", 1, integer=True)
         lane.timeout = float(self.number(keys["timeout"], f"{what} timeout (seconds)", 1, False))
+        if "test_timeout" in keys:
+            lane.test_timeout = float(
+                self.number(keys["test_timeout"], f"{what} test_timeout (seconds)", 1, False)
+            )
+            if lane.kind == "ruff":
+                raise self.fail(keys["test_timeout"], f"{what}: a ruff lane runs no tests")
+            if lane.test_timeout >= lane.timeout:
+                raise self.fail(
+                    keys["test_timeout"],
+                    f"{what}: test_timeout {lane.test_timeout:g}s must be below the lane "
+                    f"timeout {lane.timeout:g}s, or one hung test still loses the whole lane",
+                )
         if "env" in keys:
             env_node = keys["env"]
             if not isinstance(env_node, yaml.MappingNode):
@@ -352,9 +366,16 @@ def load(path: str | Path) -> Matrix:
     except ValueError:
         pass
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        data = Path(path).read_bytes()
     except OSError as err:
         raise MatrixError(
             shown, 0, f"cannot read matrix file ({err.strerror}); pass --file PATH"
+        ) from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        line = data[: err.start].count(b"\n") + 1
+        raise MatrixError(
+            shown, line, f"not UTF-8 text (byte {err.start}); save the file as UTF-8"
         ) from None
     return parse(text, shown)

@@ -148,8 +148,16 @@ def test_timeout_is_infra_error_and_kills_the_lane(tmp_path: Path) -> None:
     lane = _lane(summary, "slow")
     assert code == 1
     assert lane["buckets"]["passed"] == 1  # finished tests still count
-    assert lane["buckets"]["infra-error"] == 1 and lane["buckets"]["failed"] == 0
-    assert "timeout after 3s" in lane["problems"][0]["message"]
+    # Two infra-errors: the hung test, named, and the lane's own timeout.
+    assert lane["buckets"]["infra-error"] == 2 and lane["buckets"]["failed"] == 0
+    hung = "tests/slow/test_s.py::test_z_hangs"
+    assert [p["nodeid"] for p in lane["problems"]] == [hung, "slow"]
+    assert "lane timeout after 3s (1 finished; hung: " + hung in lane["problems"][1]["message"]
+    # junit holds this run's story: the pass plus <error> cases, never an older green file.
+    junit = ET.parse(root / "out" / "matrix" / "junit" / "slow.xml").getroot()
+    errors = [c.get("name") for c in junit.iter("testcase") if c.find("error") is not None]
+    assert errors == [hung, "slow"]
+    assert junit.find("testsuite").get("errors") == "2"
 
 
 @pytest.mark.parametrize(
@@ -197,7 +205,7 @@ def test_required_lane_that_cannot_run_fails_the_run(tmp_path: Path) -> None:
     code, _, _ = _run(root, caps={**CAPS, "sshd": False})
     assert code == 0  # not run is not a failure by default
     code, out, summary = _run(root, caps={**CAPS, "sshd": False}, require=["prov"])
-    assert code == 1 and "required lane not run: missing sshd" in out
+    assert code == 1 and "required lane cannot run here: missing sshd; enable: " in out
 
 
 def test_platform_is_a_dry_run(tmp_path: Path) -> None:

@@ -1,0 +1,157 @@
+"""Shared command-line conventions of the invoke tasks.
+
+- Short flags follow pyinvoke/Fabric habits: `-H` is `--host`, `-l` is `--list`, and no task
+  flag takes `-h` (so `invoke TASK -h` can never swallow the next word as a value).
+- Typed flags are checked in one place; bad values exit 2 with the flag, the value and the fix.
+- Reporting tasks write JSON with one flag, `--json PATH` (`-` for standard output), and a closed
+  pipe (`... --json - | head`) ends quietly instead of in a BrokenPipeError traceback.
+- SIGTERM is turned into the same KeyboardInterrupt as Ctrl-C, so one `except` handles both.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from invoke import Task
+from invoke.exceptions import Exit
+
+from scripts import outpaths, progress
+
+INTERRUPTED_CODE = 130  # 128 + SIGINT, what shells report for Ctrl-C
+
+
+class CliTask(Task):
+    """A Task whose short flags are chosen, not guessed: `@task(klass=CliTask, short={...})`."""
+
+    def __init__(self, *args: Any, short: dict[str, str] | None = None, **kwargs: Any) -> None:
+        self.short = dict(short or {})
+        super().__init__(*args, **kwargs)
+
+    def arg_opts(self, name: str, default: str, taken_names: set[str]) -> dict[str, Any]:
+        # `h` is reserved for help; chosen letters are reserved for their flags.
+        reserved = {"h", *self.short.values()}
+        opts = super().arg_opts(name, default, set(taken_names) | reserved)
+        if name in self.short:
+            opts["names"] = [opts["names"][0], self.short[name]]
+        return opts
+
+
+def bad_flag(flag: str, value: object, fix: str) -> Exit:
+    """The one shape of a flag error: exit 2, the flag, the value as given, what to do."""
+    return Exit(f"error: {flag} {value!r}: {fix}", code=2)
+
+
+def int_flag(flag: str, value: object, minimum: int = 1) -> int | None:
+    """An optional integer flag (invoke hands over strings); None stays None."""
+    if value is None or value == "":
+        return None
+    try:
+        number = int(str(value).strip())
+    except ValueError:
+        raise bad_flag(flag, value, f"use a whole number >= {minimum}") from None
+    if number < minimum:
+        raise bad_flag(flag, value, f"use a whole number >= {minimum}")
+    return number
+
+
+def number_flag(flag: str, value: object, minimum: float = 0.0) -> float | None:
+    """An optional non-negative (or >= minimum) finite number."""
+    if value is None or value == "":
+        return None
+    try:
+        number = float(str(value).strip())
+    except ValueError:
+        raise bad_flag(flag, value, f"use a number >= {minimum:g}") from None
+    if not math.isfinite(number) or number < minimum:
+        raise bad_flag(flag, value, f"use a number >= {minimum:g}")
+    return number
+
+
+def check_output_file(flag: str, value: str | None) -> Path | None:
+    """Refuse an output file that cannot be written before any work starts (exit 2)."""
+    if value is None or value == "-":
+        return None
+    path = Path(value).expanduser()
+    problem = outpaths.file_problem(path) if str(value).strip() else "is empty; give a file path"
+    if problem:
+        raise bad_flag(flag, value, problem)
+    return path
+
+
+def _quiet_stdout() -> None:
+    # Python flushes stdout again at exit; point it at /dev/null so that flush cannot raise.
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+
+
+def write_json(doc: Any, dest: str) -> None:
+    """Write `doc` as JSON to the file `dest` (atomically) or to stdout when dest is `-`."""
+    text = json.dumps(doc, indent=1, sort_keys=False, default=str) + "\n"
+    if dest == "-":
+        try:
+            sys.stdout.write(text)
+            sys.stdout.flush()
+        except BrokenPipeError:
+            _quiet_stdout()  # the reader (head, less) has enough: not an error
+        return
+    path = Path(dest).expanduser()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def print_lines(lines: list[str]) -> None:
+    """Print to stdout; a reader that closed the pipe early ends the output quietly."""
+    try:
+        for line in lines:
+            print(line)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        _quiet_stdout()
+
+
+@contextmanager
+def sigterm_as_interrupt() -> Iterator[None]:
+    """Within the block, SIGTERM raises KeyboardInterrupt like Ctrl-C does."""
+
+    def _raise(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    try:
+        previous: Any = signal.signal(signal.SIGTERM, _raise)
+    except ValueError:  # not the main thread: leave signals alone
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def heartbeat(label: str, **kwargs: Any) -> Any:
+    """A torch_fl._progress.Heartbeat, loaded without importing torch."""
+    return progress.heartbeat(label, **kwargs)
+
+
+def split_names(values: list[str] | str | None) -> list[str]:
+    """`a,b` and repeated flags alike -> ['a', 'b']; blanks dropped."""
+    if values is None:
+        return []
+    items = [values] if isinstance(values, str) else values
+    return [n.strip() for v in items for n in v.split(",") if n.strip()]
+
+
+def exit_interrupted(summary: Callable[[], None] | None = None) -> Exit:
+    """Print what is known (via `summary`) and return the Exit for an interrupted task."""
+    if summary is not None:
+        summary()
+    return Exit(code=INTERRUPTED_CODE)
