@@ -12,7 +12,8 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from provision.steps import Context, StepError
+from provision.context import Context
+from provision.results import StepError
 
 
 def sha256_of(path: Path) -> str:

@@ -14,19 +14,15 @@ from typing import Any
 import yaml
 
 from provision import box64 as box64_logic
+from provision import light
+from provision.steps import STEP_NAMES
+
+MARCHES: tuple[str, ...] = light.load("targets").MARCHES
 
 DEFAULTS_PATH = Path(__file__).with_name("provision.yaml")
-STEP_NAMES = (
-    "prereqs",
-    "box64",
-    "pagesize_probe",
-    "x86_python",
-    "vendor_runtime",
-    "envfile",
-    "build_verify",
-)
 _SHA_RE = re.compile(r"^[0-9a-f]{64}$")
-_MARCHES = {"auto", "bernoulli2", "bayes-e", "nash-e", "nash-m", "nash-p"}
+# What the bpu compile backend targets: an env file naming anything else breaks every compile.
+_MARCHES = {"auto", *MARCHES}
 
 
 class ConfigError(ValueError):

@@ -5,8 +5,9 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from provision.config import STEP_NAMES
-from provision.steps import FAILED, NEEDED, OK, CheckResult, Context, Step, StepError
+from provision.context import Context, Step
+from provision.results import FAILED, NEEDED, OK, CheckResult, Inputs, StepError
+from provision.steps import STEP_NAMES, all_steps
 
 
 @dataclass
@@ -42,19 +43,37 @@ def select(only: str | None, skip: str | None, config_skip: list[str]) -> list[s
     return [s for s in STEP_NAMES if s in chosen and s not in dropped]
 
 
-def _check(step: Step, ctx: Context) -> CheckResult:
+def _check(step: Step, ctx: Context, inputs: Inputs) -> CheckResult:
     try:
-        return step.check(ctx)
+        return step.check(ctx, inputs)
     except StepError as exc:
         return CheckResult(FAILED, {}, str(exc))
 
 
+def inputs_for(ctx: Context, step: Step, results: dict[str, CheckResult] | None = None) -> Inputs:
+    """The results of the steps `step` requires, taken from `results` (this run's checks).
+
+    A required step that did not run (left out by --only/--skip) is checked now, read-only, and
+    its result added to `results`, so a step never has to call another step itself.
+    """
+    results = {} if results is None else results
+    known = {s.name: s for s in all_steps()}
+    found = {}
+    for name in step.requires:
+        if name not in results:
+            required = known[name]
+            results[name] = _check(required, ctx, inputs_for(ctx, required, results))
+        found[name] = results[name].provides
+    return Inputs(**found)
+
+
 def dry_run(ctx: Context, steps: list[Step]) -> list[Outcome]:
     outcomes = []
+    results: dict[str, CheckResult] = {}
     pending: str | None = None
     for step in steps:
         start = time.monotonic()
-        before = _check(step, ctx)
+        before = results[step.name] = _check(step, ctx, inputs_for(ctx, step, results))
         if before.status == OK:
             action = "none"
         elif before.status == NEEDED:
@@ -70,6 +89,7 @@ def dry_run(ctx: Context, steps: list[Step]) -> list[Outcome]:
 
 def apply_run(ctx: Context, steps: list[Step]) -> list[Outcome]:
     outcomes = []
+    results: dict[str, CheckResult] = {}
     failed = False
     for step in steps:
         out = Outcome(step.name, step.title)
@@ -78,7 +98,8 @@ def apply_run(ctx: Context, steps: list[Step]) -> list[Outcome]:
             out.action = "not run"
             continue
         start = time.monotonic()
-        out.before = _check(step, ctx)
+        inputs = inputs_for(ctx, step, results)
+        out.before = _check(step, ctx, inputs)
         if out.before.status == OK:
             out.action = "none"
         elif out.before.status == FAILED:
@@ -90,13 +111,14 @@ def apply_run(ctx: Context, steps: list[Step]) -> list[Outcome]:
             ctx.echo(f"[{step.name}] {out.before.detail} -> applying")
             out.action = "apply"
             try:
-                step.apply(ctx, out.before)
+                step.apply(ctx, out.before, inputs)
             except StepError as exc:
                 out.error = str(exc)
-            out.after = _check(step, ctx)
+            out.after = _check(step, ctx, inputs)
             if out.after.status != OK:
                 failed = True
                 out.error = out.error or out.after.detail
+        results[step.name] = out.final or out.before
         out.duration_s = time.monotonic() - start
         ctx.echo(f"[{step.name}] {(out.final or out.before).status}: {(out.final).detail}")
     return outcomes

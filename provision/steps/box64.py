@@ -7,12 +7,14 @@ import shlex
 
 from provision import artifacts
 from provision import box64 as logic
-from provision.steps import (
+from provision.context import Context
+from provision.results import (
     FAILED,
     NEEDED,
     OK,
+    Box64Found,
     CheckResult,
-    Context,
+    Inputs,
     StepError,
     not_applicable,
 )
@@ -68,8 +70,9 @@ def _version(entry: dict) -> logic.Version | None:
 class Box64Step:
     name = "box64"
     title = "box64 x86_64 emulator"
+    requires: tuple[str, ...] = ()
 
-    def check(self, ctx: Context) -> CheckResult:
+    def check(self, ctx: Context, inputs: Inputs) -> CheckResult:
         if not logic.may_install_on(ctx.arch):
             return not_applicable(f"{ctx.arch} runs x86_64 code natively")
         minimum = logic.parse_policy(ctx.config["policy"]["min_box64"])
@@ -101,16 +104,17 @@ class Box64Step:
             ),
             None,
         )
+        found = None
         if good is not None:
-            ctx.state["box64"] = good["path"]
-            ctx.state["box64_version"] = good["version"]
-            if good["path"].startswith(prefix_dir(ctx)):
-                ctx.state["box64_guest_libs"] = f"{prefix_dir(ctx)}/lib/x86_64-linux-gnu"
+            in_prefix = good["path"].startswith(prefix_dir(ctx))
+            found = Box64Found(
+                good["path"],
+                good["version"],
+                f"{prefix_dir(ctx)}/lib/x86_64-linux-gnu" if in_prefix else "",
+            )
             facts.update(path=good["path"], version=good["version"])
             if shadow is None:
-                return CheckResult(OK, facts, f"box64 {good['version']} at {good['path']}")
-        else:
-            ctx.state.pop("box64", None)
+                return CheckResult(OK, facts, f"box64 {good['version']} at {good['path']}", found)
         if shadow is not None:
             facts["shadow"] = shadow["path"]
             return CheckResult(
@@ -118,6 +122,7 @@ class Box64Step:
                 facts,
                 f"box64 {shadow['version']} at {shadow['path']} (first in PATH) is older than "
                 f"{logic.fmt(minimum)}: will replace it",
+                found,
             )
         if project_state == "partial":
             return CheckResult(NEEDED, facts, "partial install in project prefix: will redo")
@@ -163,7 +168,7 @@ class Box64Step:
             allow_distro=bool(ctx.config["box64"].get("allow_distro", True)),
         )
 
-    def apply(self, ctx: Context, before: CheckResult) -> None:
+    def apply(self, ctx: Context, before: CheckResult, inputs: Inputs) -> None:
         if not logic.may_install_on(ctx.arch):
             raise StepError(f"refusing to install box64 on {ctx.arch}")
         shadow = before.facts.get("shadow")

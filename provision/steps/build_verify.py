@@ -12,7 +12,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from provision.steps import NEEDED, OK, CheckResult, Context, StepError, not_applicable
+from provision.context import Context
+from provision.results import NEEDED, OK, CheckResult, Inputs, StepError, not_applicable
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 MIN_COSINE = 0.98
@@ -89,11 +90,12 @@ def summarize(res: dict[str, Any] | None, raw: str) -> str:
 class BuildVerify:
     name = "build_verify"
     title = "build extension and verify torch.compile(backend='bpu')"
+    requires: tuple[str, ...] = ()
 
     def python(self, ctx: Context) -> str:
         return str(ctx.config["build_verify"].get("python") or sys.executable)
 
-    def check(self, ctx: Context) -> CheckResult:
+    def check(self, ctx: Context, inputs: Inputs) -> CheckResult:
         if not ctx.target.is_local:
             return not_applicable(
                 "remote target: run `invoke provision` on the board from a project checkout "
@@ -127,7 +129,7 @@ class BuildVerify:
             "the extension cannot be built; skip this step (--skip build_verify) until it can"
         )
 
-    def apply(self, ctx: Context, before: CheckResult) -> None:
+    def apply(self, ctx: Context, before: CheckResult, inputs: Inputs) -> None:
         cmd = f"cd {shlex.quote(str(PROJECT_ROOT))} && {self.build_command(ctx)}"
         rc, log = ctx.run_long(
             self.name, cmd, timeout=float(ctx.config["build_verify"]["timeout_s"])

@@ -5,10 +5,11 @@ from __future__ import annotations
 import shlex
 
 from provision import facts as facts_mod
-from provision.steps import NEEDED, OK, CheckResult, Context
-from provision.steps.box64 import STEP as BOX64
-from provision.steps.vendor_runtime import STEP as VENDOR
-from provision.steps.x86_python import STEP as X86
+from provision import light
+from provision.context import Context
+from provision.results import NEEDED, OK, CheckResult, Inputs, StepError
+
+MARCHES: tuple[str, ...] = light.load("targets").MARCHES
 
 HEADER = "# Written by `invoke provision`; real environment variables override these values.\n"
 
@@ -30,36 +31,45 @@ def render(values: dict[str, str]) -> str:
 class EnvFile:
     name = "envfile"
     title = "environment file"
+    requires = ("box64", "x86_python", "vendor_runtime")
 
-    def desired(self, ctx: Context) -> dict[str, str]:
-        # Earlier steps fill ctx.state during their checks; refresh when run with --only.
-        if ctx.arch == "aarch64" and "box64" not in ctx.state:
-            BOX64.check(ctx)
-        if "x86_python" not in ctx.state:
-            X86.check(ctx)
-        if ctx.facts.get("is_board") and "ucp_lib" not in ctx.state:
-            VENDOR.check(ctx)
-        march = ctx.config["march"]
-        if march == "auto":
-            march = facts_mod.march_for(ctx.facts) or ctx.config["default_march"]
+    def march(self, ctx: Context) -> str:
+        march = str(ctx.config["march"])
+        if march != "auto":
+            return march  # validated against MARCHES with the configuration
+        detected = facts_mod.march_for(ctx.facts)
+        if detected is None:
+            return str(ctx.config["default_march"])
+        if detected not in MARCHES:
+            # Written to the env file it would make every torch.compile(backend="bpu") fail.
+            raise StepError(
+                f"the board ({ctx.facts.get('board_model')}) has a {detected} BPU, which the bpu "
+                f"compile backend does not target (it compiles for {', '.join(MARCHES)}); "
+                "set `march:` in --config if the board really has one of those, or "
+                "--skip envfile"
+            )
+        return detected
+
+    def desired(self, ctx: Context, inputs: Inputs) -> dict[str, str]:
         values = {
-            "FLAGOS_BPU_MARCH": march,
+            "FLAGOS_BPU_MARCH": self.march(ctx),
             "FLAGOS_BPU_CACHE": ctx.expand(ctx.config["cache_dir"]),
         }
-        if ctx.state.get("x86_python"):
-            values["FLAGOS_BPU_X86_PYTHON"] = ctx.state["x86_python"]
-        if ctx.arch == "aarch64" and ctx.state.get("box64"):
-            values["FLAGOS_BPU_EMULATOR"] = ctx.state["box64"]
-            libs = [ctx.state.get("x86_guest_libs"), ctx.state.get("box64_guest_libs")]
+        x86, box64 = inputs.x86_python, inputs.box64
+        if x86 is not None:
+            values["FLAGOS_BPU_X86_PYTHON"] = x86.python
+        if ctx.arch == "aarch64" and box64 is not None:
+            values["FLAGOS_BPU_EMULATOR"] = box64.path
+            libs = [x86.guest_libs if x86 else "", box64.guest_libs]
             if any(libs):
                 values["FLAGOS_BPU_GUEST_LIBS"] = ":".join(p for p in libs if p)
-        if ctx.state.get("ucp_lib"):
-            values["FLAGOS_BPU_UCP_LIB"] = ctx.state["ucp_lib"]
+        if inputs.vendor_runtime is not None:
+            values["FLAGOS_BPU_UCP_LIB"] = inputs.vendor_runtime.ucp_lib
         return values
 
-    def check(self, ctx: Context) -> CheckResult:
+    def check(self, ctx: Context, inputs: Inputs) -> CheckResult:
         path = ctx.facts["env_file"]
-        want = self.desired(ctx)
+        want = self.desired(ctx, inputs)
         rc, out, _ = ctx.sh(f"cat {shlex.quote(path)} 2>/dev/null")
         have = parse(out) if rc == 0 else {}
         facts = {"path": path, "values": want}
@@ -71,7 +81,7 @@ class EnvFile:
             return CheckResult(NEEDED, facts, f"{path} differs in {', '.join(diff)}")
         return CheckResult(OK, facts, f"{path} up to date ({len(want)} settings)")
 
-    def apply(self, ctx: Context, before: CheckResult) -> None:
+    def apply(self, ctx: Context, before: CheckResult, inputs: Inputs) -> None:
         ctx.write_file_atomic(ctx.facts["env_file"], render(before.facts["values"]))
 
 

@@ -5,21 +5,20 @@ from __future__ import annotations
 import shlex
 
 from provision import probe
-from provision.steps import FAILED, OK, CheckResult, Context, StepError, not_applicable
-from provision.steps.box64 import STEP as BOX64
+from provision.context import Context
+from provision.results import FAILED, OK, CheckResult, Inputs, StepError, not_applicable
 from provision.target import controller_arch
 
 
 class PageSizeProbe:
     name = "pagesize_probe"
     title = "x86_64 page-size probe under box64"
+    requires = ("box64",)
 
-    def check(self, ctx: Context) -> CheckResult:
+    def check(self, ctx: Context, inputs: Inputs) -> CheckResult:
         if ctx.arch != "aarch64":
             return not_applicable(f"{ctx.arch} runs x86_64 code natively")
-        if "box64" not in ctx.state:
-            BOX64.check(ctx)  # refresh: --only pagesize_probe still needs to know box64
-        box64 = ctx.state.get("box64")
+        box64 = inputs.box64.path if inputs.box64 else None
         kernel = int(ctx.facts.get("pagesize") or 0)
         if not box64:
             return CheckResult(FAILED, {"kernel_pagesize": kernel}, "no usable box64 (step box64)")
@@ -48,7 +47,7 @@ class PageSizeProbe:
         }
         return CheckResult(OK if verdict.ok else FAILED, facts, verdict.detail)
 
-    def apply(self, ctx: Context, before: CheckResult) -> None:
+    def apply(self, ctx: Context, before: CheckResult, inputs: Inputs) -> None:
         raise StepError(f"the probe cannot be fixed by itself: {before.detail}")
 
 

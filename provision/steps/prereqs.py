@@ -3,7 +3,8 @@ source build so a board that gets box64 from the distro never installs a compile
 
 from __future__ import annotations
 
-from provision.steps import NEEDED, OK, CheckResult, Context, StepError
+from provision.context import Context
+from provision.results import NEEDED, OK, CheckResult, Inputs, StepError
 
 # name -> (probe command, distro package)
 _COMMON = {
@@ -44,8 +45,9 @@ def apt_install(ctx: Context, step: str, packages: list[str]) -> None:
 class Prereqs:
     name = "prereqs"
     title = "build prerequisites"
+    requires: tuple[str, ...] = ()
 
-    def check(self, ctx: Context) -> CheckResult:
+    def check(self, ctx: Context, inputs: Inputs) -> CheckResult:
         missing = []
         for name, (probe, _pkg) in requirements(ctx.arch).items():
             rc, _, _ = ctx.sh(probe, timeout=60)
@@ -56,7 +58,7 @@ class Prereqs:
             return CheckResult(NEEDED, facts, f"missing: {', '.join(missing)}")
         return CheckResult(OK, facts, "present: " + ", ".join(requirements(ctx.arch)))
 
-    def apply(self, ctx: Context, before: CheckResult) -> None:
+    def apply(self, ctx: Context, before: CheckResult, inputs: Inputs) -> None:
         reqs = requirements(ctx.arch)
         packages = sorted({reqs[name][1] for name in before.facts["missing"]})
         apt_install(ctx, self.name, packages)

@@ -5,7 +5,16 @@ from __future__ import annotations
 
 import shlex
 
-from provision.steps import FAILED, OK, CheckResult, Context, StepError, not_applicable
+from provision.context import Context
+from provision.results import (
+    FAILED,
+    OK,
+    CheckResult,
+    Inputs,
+    StepError,
+    VendorRuntimeFound,
+    not_applicable,
+)
 
 _SNIPPET = r"""
 import ctypes, sys
@@ -26,8 +35,9 @@ print("TFL_UCP loaded cores=%d hbm_runtime=%s" % (cores, hbm))
 class VendorRuntime:
     name = "vendor_runtime"
     title = "vendor BPU runtime"
+    requires: tuple[str, ...] = ()
 
-    def check(self, ctx: Context) -> CheckResult:
+    def check(self, ctx: Context, inputs: Inputs) -> CheckResult:
         if not ctx.facts.get("is_board"):
             return not_applicable("not an RDK board (no /usr/hobot/lib/libhbucp.so)")
         lib = ctx.facts.get("ucp_lib") or "/usr/hobot/lib/libhbucp.so"
@@ -38,17 +48,18 @@ class VendorRuntime:
             return CheckResult(FAILED, facts, f"{lib} does not load: {facts['raw']}")
         cores = int(line.split("cores=")[1].split()[0])
         facts["bpu_cores"] = cores
-        ctx.state["ucp_lib"] = lib
+        found = VendorRuntimeFound(lib)
         if "hbm_runtime=yes" not in line:
-            return CheckResult(FAILED, facts, "hbm_runtime is not importable with python3")
+            return CheckResult(FAILED, facts, "hbm_runtime is not importable with python3", found)
         if cores == 0:
             return CheckResult(
-                FAILED, facts, "libhbucp reports 0 BPU cores: the BPU driver is not loaded"
+                FAILED, facts, "libhbucp reports 0 BPU cores: the BPU driver is not loaded", found
             )
         shown = "unknown" if cores < 0 else str(cores)
-        return CheckResult(OK, facts, f"libhbucp loads, hbm_runtime importable, BPU cores: {shown}")
+        detail = f"libhbucp loads, hbm_runtime importable, BPU cores: {shown}"
+        return CheckResult(OK, facts, detail, found)
 
-    def apply(self, ctx: Context, before: CheckResult) -> None:
+    def apply(self, ctx: Context, before: CheckResult, inputs: Inputs) -> None:
         raise StepError(
             f"{before.detail}; the vendor runtime comes with the board image: reflash or "
             "reinstall the vendor packages (hobot-*), then re-run"

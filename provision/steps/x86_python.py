@@ -8,8 +8,8 @@ from pathlib import Path
 from typing import Any
 
 from provision import artifacts, wheels
-from provision.steps import NEEDED, OK, CheckResult, Context, StepError
-from provision.steps.box64 import STEP as BOX64
+from provision.context import Context
+from provision.results import NEEDED, OK, CheckResult, Inputs, StepError, X86PythonFound
 from provision.steps.prereqs import apt_install
 
 MARKER = ".complete.json"
@@ -36,22 +36,24 @@ def emulated(ctx: Context) -> bool:
     return ctx.arch == "aarch64"
 
 
-def runner(ctx: Context, python: str, guest_libs: str = "") -> str:
+def runner(ctx: Context, inputs: Inputs, python: str, guest_libs: str = "") -> str:
     """Command prefix that runs the x86_64 python on this target with a clean environment."""
     clean = "env -u PYTHONPATH -u PYTHONHOME -u PYTHONSTARTUP"
     if not emulated(ctx):
         return f"{clean} {shlex.quote(python)}"
-    box64 = ctx.state.get("box64")
-    if not box64:
+    if inputs.box64 is None:
         raise StepError("no usable box64: run the box64 step first")
+    box64 = inputs.box64.path
     libs = f"BOX64_LD_LIBRARY_PATH={shlex.quote(guest_libs)} " if guest_libs else ""
     return f"{clean} BOX64_NOBANNER=1 BOX64_LOG=0 {libs}{shlex.quote(box64)} {shlex.quote(python)}"
 
 
-def identify(ctx: Context, python: str, guest_libs: str = "") -> tuple[str | None, str]:
+def identify(
+    ctx: Context, inputs: Inputs, python: str, guest_libs: str = ""
+) -> tuple[str | None, str]:
     """(python version, raw output) if `python` runs and is an x86_64 interpreter."""
     try:
-        cmd = f"{runner(ctx, python, guest_libs)} -c {shlex.quote(_ID_SNIPPET)}"
+        cmd = f"{runner(ctx, inputs, python, guest_libs)} -c {shlex.quote(_ID_SNIPPET)}"
     except StepError as exc:
         return None, str(exc)
     rc, out, err = ctx.sh(cmd, timeout=300)
@@ -78,6 +80,7 @@ def find_distro_python(ctx: Context) -> str | None:
 class X86Python:
     name = "x86_python"
     title = "x86_64 Python for hbdk4"
+    requires = ("box64",)
 
     def expected_wheels(self, ctx: Context) -> dict[str, str] | None:
         if ctx.options.oe_wheels is None:
@@ -87,9 +90,7 @@ class X86Python:
         except ValueError as exc:
             raise StepError(str(exc)) from exc
 
-    def check(self, ctx: Context) -> CheckResult:
-        if emulated(ctx) and "box64" not in ctx.state:
-            BOX64.check(ctx)
+    def check(self, ctx: Context, inputs: Inputs) -> CheckResult:
         root = root_dir(ctx)
         marker = ctx.read_marker(f"{root}/{MARKER}")
         facts: dict[str, Any] = {"root": root, "emulated": emulated(ctx)}
@@ -99,7 +100,7 @@ class X86Python:
                 return CheckResult(NEEDED, facts, f"partial install at {root}: will redo")
             return CheckResult(NEEDED, facts, "no x86_64 python installed")
         python, libs = marker["python"], marker.get("guest_libs", "")
-        version, raw = identify(ctx, python, libs)
+        version, raw = identify(ctx, inputs, python, libs)
         facts.update(python=python, kind=marker.get("kind"), version=version)
         if version is None:
             return CheckResult(NEEDED, facts, f"{python} does not run as x86_64 python: {raw}")
@@ -108,20 +109,20 @@ class X86Python:
             return CheckResult(NEEDED, facts, "--oe-wheels differ from the installed hbdk4")
         if marker.get("hbdk4"):
             rc, out, _ = ctx.sh(
-                f"{runner(ctx, python, libs)} -c "
+                f"{runner(ctx, inputs, python, libs)} -c "
                 + shlex.quote("import importlib.util as u; print(u.find_spec('hbdk4') is not None)")
             )
             if out.strip() != "True":
                 return CheckResult(NEEDED, facts, "hbdk4 recorded but no longer installed")
-        ctx.state.update(x86_python=python, x86_guest_libs=libs, hbdk4=bool(marker.get("hbdk4")))
+        found = X86PythonFound(python, libs, bool(marker.get("hbdk4")))
         facts.update(hbdk4=bool(marker.get("hbdk4")), wheels=marker.get("wheels") or {})
         for name, sha in (marker.get("wheels") or {}).items():
             ctx.recorded_artifacts.append({"name": name, "sha256": sha})
         hb = f"hbdk4 {marker.get('hbdk4_version')}" if marker.get("hbdk4") else NO_HBDK4
-        return CheckResult(OK, facts, f"python {version} ({marker.get('kind')}); {hb}")
+        return CheckResult(OK, facts, f"python {version} ({marker.get('kind')}); {hb}", found)
 
     # -- apply -----------------------------------------------------------------------------
-    def apply(self, ctx: Context, before: CheckResult) -> None:
+    def apply(self, ctx: Context, before: CheckResult, inputs: Inputs) -> None:
         expected = self.expected_wheels(ctx)
         root = root_dir(ctx)
         ctx.sh(f"rm -rf {shlex.quote(root)} && mkdir -p {shlex.quote(root)}")
@@ -129,14 +130,14 @@ class X86Python:
             kind, python, libs = self.native_venv(ctx, root)
         else:
             kind, python, libs = self.emulated_python(ctx, root, expected is not None)
-        version, raw = identify(ctx, python, libs)
+        version, raw = identify(ctx, inputs, python, libs)
         if version is None:
             raise StepError(f"{python} does not run as an x86_64 python: {raw}")
         record: dict[str, Any] = {"kind": kind, "python": python, "guest_libs": libs}
         record["wheels"] = expected or {}
         record["hbdk4"] = False
         if expected:
-            record["hbdk4_version"] = self.install_hbdk4(ctx, root, python, libs)
+            record["hbdk4_version"] = self.install_hbdk4(ctx, inputs, root, python, libs)
             record["hbdk4"] = True
         else:
             ctx.echo(f"  [x86_python] {NO_HBDK4}")
@@ -194,7 +195,7 @@ class X86Python:
         major_minor = ".".join(pin["version"].split(".")[:2])
         return "tarball", f"{root}/python/bin/python{major_minor}", f"{root}/python/lib"
 
-    def install_hbdk4(self, ctx: Context, root: str, python: str, libs: str) -> str:
+    def install_hbdk4(self, ctx: Context, inputs: Inputs, root: str, python: str, libs: str) -> str:
         assert ctx.options.oe_wheels is not None
         stage = f"{root}/wheels"
         shipped = []
@@ -207,7 +208,7 @@ class X86Python:
             raise StepError(
                 f"--oe-wheels lacks {sorted(missing)}; copy those wheels from the OE package"
             )
-        run = runner(ctx, python, libs)
+        run = runner(ctx, inputs, python, libs)
         pip = f"{run} -m pip install --disable-pip-version-check --find-links {shlex.quote(stage)}"
         files = " ".join(shlex.quote(p) for p in shipped)
         if emulated(ctx):
@@ -218,7 +219,7 @@ class X86Python:
             cmd = f"set -e; {pip} --no-deps {files}"
             if install:
                 cmd += "; " + pip + " " + " ".join(shlex.quote(r) for r in sorted(set(install)))
-            self.write_shims(ctx, python, libs)
+            self.write_shims(ctx, run, python)
             ctx.echo(f"  [x86_python] import shims replace: {sorted(set(shimmed)) or 'none'}")
         else:
             cmd = f"{pip} {files}"
@@ -235,10 +236,9 @@ class X86Python:
             f"(rc {rc}): {(out + err).strip()[-600:]}"
         )
 
-    def write_shims(self, ctx: Context, python: str, libs: str) -> None:
+    def write_shims(self, ctx: Context, run: str, python: str) -> None:
         rc, out, err = ctx.sh(
-            f"{runner(ctx, python, libs)} -c "
-            + shlex.quote("import sysconfig; print(sysconfig.get_paths()['purelib'])")
+            f"{run} -c " + shlex.quote("import sysconfig; print(sysconfig.get_paths()['purelib'])")
         )
         site = out.strip().splitlines()[-1] if rc == 0 and out.strip() else ""
         if not site:

@@ -15,8 +15,6 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 STANDINS = REPO / "tests" / "standins" / "box64"
 SSHD = shutil.which("sshd") or "/usr/sbin/sshd"
-if str(REPO) not in sys.path:  # until pyproject sets pytest's pythonpath
-    sys.path.insert(0, str(REPO))
 
 
 def isolated_env(root: Path) -> dict[str, str]:

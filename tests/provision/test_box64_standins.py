@@ -15,7 +15,9 @@ import pytest
 from provision import config as config_mod
 from provision import facts as facts_mod
 from provision import plan
-from provision.steps import FAILED, NEEDED, OK, Context, Options, all_steps
+from provision.context import Context, Options
+from provision.results import FAILED, NEEDED, OK, Inputs
+from provision.steps import all_steps
 from provision.steps.box64 import STEP as BOX64
 from provision.steps.pagesize_probe import STEP as PROBE
 from provision.target import LocalTarget
@@ -49,16 +51,16 @@ def board_ctx(tmp_path: Path, standin: str, pagesize: int = 4096, **cfg_over) ->
 
 def test_new_enough_passes_version_and_probe(tmp_path):
     ctx = board_ctx(tmp_path, "box64-standin-new")
-    res = BOX64.check(ctx)
+    res = BOX64.check(ctx, Inputs())
     assert res.status == OK and res.facts["version"] == "0.4.5"
-    probe = PROBE.check(ctx)
+    probe = PROBE.check(ctx, plan.inputs_for(ctx, PROBE))
     assert probe.status == OK, probe.detail
     assert probe.facts["guest_pagesize"] == 4096
 
 
 def test_too_old_is_needed_and_goes_to_source_build(tmp_path):
     ctx = board_ctx(tmp_path, "box64-standin-old")
-    res = BOX64.check(ctx)
+    res = BOX64.check(ctx, Inputs())
     assert res.status == NEEDED
     assert "0.2.6" in res.detail and "0.4.0" in res.detail
     decision = BOX64.decide(ctx, res)
@@ -67,13 +69,13 @@ def test_too_old_is_needed_and_goes_to_source_build(tmp_path):
 
 def test_policy_is_configurable(tmp_path):
     ctx = board_ctx(tmp_path, "box64-standin-old", policy={"min_box64": "0.2.0"})
-    assert BOX64.check(ctx).status == OK
+    assert BOX64.check(ctx, Inputs()).status == OK
 
 
 def test_large_page_abort_is_named_with_fix(tmp_path):
     ctx = board_ctx(tmp_path, "box64-standin-abort", pagesize=65536, policy={"min_box64": "0.2.0"})
-    assert BOX64.check(ctx).status == OK  # the version string alone looks fine...
-    probe = PROBE.check(ctx)  # ...the probe is what catches it
+    assert BOX64.check(ctx, Inputs()).status == OK  # the version string alone looks fine...
+    probe = PROBE.check(ctx, plan.inputs_for(ctx, PROBE))  # ...the probe is what catches it
     assert probe.status == FAILED
     assert "PageSize configuration is wrong" in probe.detail
     assert "0.4.0" in probe.detail and "65536" in probe.detail
@@ -81,21 +83,21 @@ def test_large_page_abort_is_named_with_fix(tmp_path):
 
 def test_exit_zero_without_running_is_caught(tmp_path):
     ctx = board_ctx(tmp_path, "box64-standin-exit0")
-    assert BOX64.check(ctx).status == OK
-    probe = PROBE.check(ctx)
+    assert BOX64.check(ctx, Inputs()).status == OK
+    probe = PROBE.check(ctx, plan.inputs_for(ctx, PROBE))
     assert probe.status == FAILED and "never ran" in probe.detail
 
 
 def test_page_size_mismatch_is_caught(tmp_path):
     # the stand-in runs the probe natively on this 4K kernel; the recorded board has 64K pages
     ctx = board_ctx(tmp_path, "box64-standin-new", pagesize=65536)
-    probe = PROBE.check(ctx)
+    probe = PROBE.check(ctx, plan.inputs_for(ctx, PROBE))
     assert probe.status == FAILED and "sees page size 4096" in probe.detail
 
 
 def test_missing_explicit_box64_fails_with_fix(tmp_path):
     ctx = board_ctx(tmp_path, "box64-standin-does-not-exist")
-    res = BOX64.check(ctx)
+    res = BOX64.check(ctx, Inputs())
     assert res.status == FAILED and "box64.path" in res.detail
 
 

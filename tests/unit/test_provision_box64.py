@@ -2,15 +2,10 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # until pytest's pythonpath is set
-
-from provision import box64 as b  # noqa: E402
-from provision import probe  # noqa: E402
+from provision import box64 as b
+from provision import probe
 
 
 @pytest.mark.parametrize(

@@ -2,16 +2,11 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # until pytest's pythonpath is set
-
-from provision import config as c  # noqa: E402
-from provision import plan  # noqa: E402
-from provision.target import parse_host  # noqa: E402
+from provision import config as c
+from provision import plan
+from provision.target import parse_host
 
 
 def test_defaults_are_valid_and_pinned():
@@ -74,3 +69,54 @@ def test_step_selection():
     assert plan.select("build_verify", None, ["build_verify"]) == ["build_verify"]
     with pytest.raises(ValueError, match="unknown step"):
         plan.select("box65", None, [])
+
+
+# -- the march written to the env file must be one the compile backend accepts ---------------
+
+
+def _envfile_check(tmp_path, board_model: str, march: str = "auto"):
+    from provision.context import Context, Options
+    from provision.results import Inputs
+    from provision.steps.envfile import STEP as ENVFILE
+    from provision.target import LocalTarget
+
+    facts = {"arch": "x86_64", "board_model": board_model, "env_file": str(tmp_path / "env")}
+    cfg = c.deep_merge(c.load(), {"march": march})
+    ctx = Context(LocalTarget(), facts, cfg, Options(), tmp_path, tmp_path, echo=lambda m: None)
+    return plan._check(ENVFILE, ctx, Inputs()), ctx, ENVFILE
+
+
+@pytest.mark.parametrize("march", ["bayes-e", "bernoulli2"])
+def test_config_rejects_marches_the_backend_rejects(march):
+    with pytest.raises(c.ConfigError, match="march"):
+        c.validate(c.deep_merge(c.load(), {"march": march}))
+
+
+@pytest.mark.parametrize("model", ["RDK X5", "RDK X3"])
+def test_unsupported_board_bpu_fails_instead_of_writing_env_file(tmp_path, model):
+    res, _, _ = _envfile_check(tmp_path, model)
+    assert res.status == "failed" and "does not target" in res.detail, res.detail
+    assert not (tmp_path / "env").exists()
+
+
+@pytest.mark.parametrize("model", ["RDK S100", "RDK S100P", "RDK S600", ""])
+def test_provisioned_env_file_is_accepted_by_the_backend(tmp_path, monkeypatch, model):
+    from torch_fl.bpu import settings
+
+    res, ctx, step = _envfile_check(tmp_path, model)
+    assert res.status == "needed", res.detail
+    step.apply(ctx, res, None)
+    for key in settings.ENV_VARS:
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv("FLAGOS_BPU_ENV_FILE", str(tmp_path / "env"))
+    resolved = settings.resolve()  # raised SettingsError for a march it does not compile for
+    assert resolved.march == res.facts["values"]["FLAGOS_BPU_MARCH"]
+
+
+def test_provisioning_and_backend_share_one_march_list():
+    from torch_fl.bpu import settings
+
+    assert set(c.MARCHES) == set(settings.MARCHES)
+    for march in c.MARCHES:
+        c.validate(c.deep_merge(c.load(), {"march": march}))
+        assert settings.resolve({"march": march}).march == march

@@ -3,18 +3,15 @@
 from __future__ import annotations
 
 import json
-import sys
 import zipfile
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # until pytest's pythonpath is set
-
-from provision import plan, report, wheels  # noqa: E402
-from provision.steps import FAILED, NEEDED, OK, CheckResult, Context, Options, StepError  # noqa: E402
-from provision.target import LocalTarget  # noqa: E402
+from provision import plan, report, wheels
+from provision.context import Context, Options
+from provision.results import FAILED, NEEDED, OK, CheckResult, StepError
+from provision.target import LocalTarget
 
 
 @dataclass
@@ -26,13 +23,14 @@ class RecordedStep:
     apply_raises: bool = False
     applied: list[str] = field(default_factory=list)
     title: str = "recorded"
+    requires: tuple[str, ...] = ()
 
-    def check(self, ctx):
+    def check(self, ctx, inputs):
         return CheckResult(
             self.states[0], {"n": len(self.applied)}, f"{self.name} {self.states[0]}"
         )
 
-    def apply(self, ctx, before):
+    def apply(self, ctx, before, inputs):
         self.applied.append(before.status)
         if self.apply_raises:
             raise StepError("disk full; free space and re-run")
@@ -76,7 +74,9 @@ def test_failed_check_is_not_applied(tmp_path):
 
 def test_apply_that_does_not_fix_is_a_failure(tmp_path):
     a = RecordedStep("a", [NEEDED, NEEDED])
-    a.apply = lambda c, before: None  # claims success, changes nothing: the re-check catches it
+    a.apply = lambda c, before, inputs: (
+        None
+    )  # claims success, changes nothing: the re-check catches it
     out = plan.apply_run(ctx(tmp_path), [a])
     assert out[0].after.status == NEEDED and plan.exit_code(out, dry=False) == 1
 

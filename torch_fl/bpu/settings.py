@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from torch_fl import envfile
+from torch_fl.targets import MARCHES
 
 EXECUTORS = ("auto", "hbm", "sim", "eager")
-MARCHES = ("nash-e", "nash-m", "nash-p")
 DRIVERS = ("auto", "native", "emulated", "none")
 CALIBRATE_MODES = ("none", "first-call")
 CALIB_METHODS = ("max", "percentile")

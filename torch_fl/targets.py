@@ -1,0 +1,14 @@
+"""What torch-fl can be built for and compile to.
+
+Standard library only, importing nothing from torch_fl: setup.py and provisioning read this
+file before torch or the extension exist (provision/light.py).
+"""
+
+from __future__ import annotations
+
+# Accelerators the C++ extension can be built for (setup.py, `invoke build --accelerator`).
+ACCELERATORS: tuple[str, ...] = ("bpu",)
+
+# BPU architectures the compile backend produces artifacts for (`BpuSettings.march`). The RDK X3
+# (bernoulli2) and X5 (bayes-e) BPUs are not among them: their toolchain is not hbdk4.
+MARCHES: tuple[str, ...] = ("nash-e", "nash-m", "nash-p")
