@@ -1,0 +1,128 @@
+"""Find import cycles among the repository's own modules, statically (from `ast`, nothing runs).
+
+Every `import`/`from ... import` counts, wherever it stands (a function-local import still ties
+the two modules together). A cycle is a strongly connected component of more than one module.
+
+    python scripts/check_imports.py [REPO]      # exit 1 and one line per cycle if any
+
+The lint lane runs it through tests/unit/test_check_imports.py.
+"""
+
+from __future__ import annotations
+
+import ast
+import sys
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+
+ROOTS = ("torch_fl", "provision", "scripts")
+
+Graph = dict[str, set[str]]
+
+
+def module_name(path: Path, repo: Path) -> str:
+    parts = list(path.relative_to(repo).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def find_modules(repo: Path, roots: Iterable[str] = ROOTS) -> dict[str, Path]:
+    """{dotted name: file} of every .py file under the given top-level packages."""
+    found: dict[str, Path] = {}
+    for root in roots:
+        for path in sorted((repo / root).rglob("*.py")):
+            found[module_name(path, repo)] = path
+    return found
+
+
+def _imported(node: ast.AST, package: str, modules: Mapping[str, Path]) -> list[str]:
+    """The dotted names one import statement refers to (possibly not modules of ours)."""
+    if isinstance(node, ast.Import):
+        return [alias.name for alias in node.names]
+    if not isinstance(node, ast.ImportFrom):
+        return []
+    base = node.module or ""
+    if node.level:  # relative: `from . import x`, `from ..a import b`
+        parts = package.split(".")
+        parts = parts[: len(parts) - (node.level - 1)]
+        base = ".".join(parts + ([base] if base else []))
+    # `from pkg import name` imports the submodule pkg.name when there is one, else pkg itself
+    return [f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in node.names]
+
+
+def build_graph(modules: Mapping[str, Path]) -> Graph:
+    """Module -> the modules of ours it imports."""
+    graph: Graph = {name: set() for name in modules}
+    for name, path in modules.items():
+        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        for node in ast.walk(tree):
+            for target in _imported(node, package, modules):
+                while target and target not in modules:  # `a.b.func` -> module `a.b`
+                    target = target.rpartition(".")[0]
+                if target and target != name:
+                    graph[name].add(target)
+    return graph
+
+
+def cycles(graph: Mapping[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+    for start in sorted(graph):
+        if start in index:
+            continue
+        work: list[tuple[str, list[str]]] = [(start, sorted(graph[start]))]
+        index[start] = low[start] = len(index)
+        stack.append(start)
+        on_stack.add(start)
+        while work:
+            node, todo = work[-1]
+            if todo:
+                nxt = todo.pop()
+                if nxt not in index:
+                    index[nxt] = low[nxt] = len(index)
+                    stack.append(nxt)
+                    on_stack.add(nxt)
+                    work.append((nxt, sorted(graph.get(nxt, ()))))
+                elif nxt in on_stack:
+                    low[node] = min(low[node], index[nxt])
+                continue
+            work.pop()
+            if work:
+                parent = work[-1][0]
+                low[parent] = min(low[parent], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    found.append(sorted(component))
+    return sorted(found)
+
+
+def check(repo: Path, roots: Iterable[str] = ROOTS) -> list[list[str]]:
+    return cycles(build_graph(find_modules(repo, roots)))
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    repo = Path(args[0] if args else Path(__file__).resolve().parents[1]).resolve()
+    found = check(repo)
+    for component in found:
+        print("import cycle among: " + ", ".join(component))
+    if not found:
+        print(f"no import cycles in {', '.join(ROOTS)}")
+    return 1 if found else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
