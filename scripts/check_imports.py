@@ -3,9 +3,9 @@
 Every `import`/`from ... import` counts, wherever it stands (a function-local import still ties
 the two modules together). A cycle is a strongly connected component of more than one module.
 
-    python scripts/check_imports.py [REPO]      # exit 1 and one line per cycle if any
+    python scripts/check_imports.py [REPO]      # exit 1 and one line per new cycle
 
-The lint lane runs it through tests/unit/test_check_imports.py.
+The lint lane runs it (scripts/testmatrix/runner.py), the unit lane tests it.
 """
 
 from __future__ import annotations
@@ -16,6 +16,15 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 ROOTS = ("torch_fl", "provision", "scripts")
+
+# Cycles that exist and are being taken apart; each entry goes once its cycle is gone (main()
+# says so). Any other cycle fails the check.
+KNOWN_CYCLES: frozenset[tuple[str, ...]] = frozenset(
+    {
+        ("torch_fl", "torch_fl.autograd_exit", "torch_fl.device"),
+        ("torch_fl.bpu.backend", "torch_fl.bpu.report", "torch_fl.bpu.runtime.partition"),
+    }
+)
 
 Graph = dict[str, set[str]]
 
@@ -116,12 +125,16 @@ def check(repo: Path, roots: Iterable[str] = ROOTS) -> list[list[str]]:
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     repo = Path(args[0] if args else Path(__file__).resolve().parents[1]).resolve()
-    found = check(repo)
-    for component in found:
+    found = {tuple(component) for component in check(repo)}
+    for component in sorted(found & KNOWN_CYCLES):
+        print("known import cycle among: " + ", ".join(component))
+    for component in sorted(KNOWN_CYCLES - found):
+        print("gone (remove it from KNOWN_CYCLES): " + ", ".join(component))
+    new = sorted(found - KNOWN_CYCLES)
+    for component in new:
         print("import cycle among: " + ", ".join(component))
-    if not found:
-        print(f"no import cycles in {', '.join(ROOTS)}")
-    return 1 if found else 0
+    print(f"{len(new)} new import cycle(s) in {', '.join(ROOTS)}")
+    return 1 if new else 0
 
 
 if __name__ == "__main__":

@@ -362,8 +362,12 @@ def _finish_junit(
     result.junit = str(junit)
 
 
+# Static import-cycle check over the repository at the lane's root (nothing is imported).
+CHECK_IMPORTS = Path(__file__).resolve().parents[1] / "check_imports.py"
+
+
 def run_ruff_lane(lane: Lane, root: Path, out_dir: Path, junit_dir: Path) -> LaneResult:
-    """`ruff check` + `ruff format --check`, each one test case."""
+    """`ruff check`, `ruff format --check` and the import-cycle check, each one test case."""
     result = LaneResult(lane.name, "ran")
     junit = junit_dir / f"{lane.name}.xml"
     ruff = shutil.which("ruff") or str(Path(sys.executable).with_name("ruff"))
@@ -376,11 +380,16 @@ def run_ruff_lane(lane: Lane, root: Path, out_dir: Path, junit_dir: Path) -> Lan
     log.parent.mkdir(parents=True, exist_ok=True)
     log_text = []
     start = time.monotonic()
-    for name, args in (("ruff-check", ["check"]), ("ruff-format", ["format", "--check"])):
+    commands = (
+        ("ruff-check", [ruff, "check", *lane.paths]),
+        ("ruff-format", [ruff, "format", "--check", *lane.paths]),
+        ("import-cycles", [sys.executable, str(CHECK_IMPORTS), str(root)]),
+    )
+    for name, argv in commands:
         nodeid = f"lint::{name}"
         try:
             proc = subprocess.run(
-                [ruff, *args, *lane.paths],
+                argv,
                 cwd=root,
                 capture_output=True,
                 text=True,
@@ -390,7 +399,7 @@ def run_ruff_lane(lane: Lane, root: Path, out_dir: Path, junit_dir: Path) -> Lan
             result.add("infra-error", nodeid, f"timeout after {lane.timeout:.0f}s")
             continue
         output = (proc.stdout + proc.stderr).strip()
-        log_text.append(f"$ ruff {' '.join(args)} {' '.join(lane.paths)}\n{output}\n")
+        log_text.append(f"$ {' '.join(argv)}\n{output}\n")
         if proc.returncode == 0:
             result.add("passed", nodeid, "")
             records.append({"nodeid": nodeid, "bucket": "passed"})
