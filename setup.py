@@ -10,13 +10,22 @@ from __future__ import annotations
 
 import json
 import os
+import runpy
 import sys
 from pathlib import Path
 
 from setuptools import setup
 
 ROOT = Path(__file__).resolve().parent
-SUPPORTED_ACCELERATORS = ("bpu",)
+
+
+def _torch_fl_file(name: str) -> dict:
+    """A stdlib-only module of torch_fl, run from its file: `import torch_fl` needs torch and
+    the very extension this builds."""
+    return runpy.run_path(str(ROOT / "torch_fl" / f"{name}.py"))
+
+
+SUPPORTED_ACCELERATORS: tuple[str, ...] = _torch_fl_file("targets")["ACCELERATORS"]
 
 
 def selected_accelerator() -> str:
@@ -64,10 +73,9 @@ def write_build_config(accelerator: str, torch_version: str, debug: bool) -> Non
         "debug": debug,
         "compiler": sysconfig.get_config_var("CC") or "c++",
     }
-    target = ROOT / "torch_fl" / "_build_config.json"
-    tmp = target.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
-    os.replace(tmp, target)
+    _torch_fl_file("atomic")["write_text"](
+        ROOT / "torch_fl" / "_build_config.json", json.dumps(config, indent=2) + "\n"
+    )
 
 
 accelerator = selected_accelerator()

@@ -9,8 +9,10 @@ from pathlib import Path
 from invoke import Collection, Context, task
 from invoke.exceptions import Exit
 
+from provision import light
+
 ROOT = Path(__file__).resolve().parents[2]
-SUPPORTED_ACCELERATORS = ("bpu",)
+SUPPORTED_ACCELERATORS: tuple[str, ...] = light.load("targets").ACCELERATORS
 
 
 @task(
