@@ -12,8 +12,11 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from provision import light
 from provision.context import Context
 from provision.results import StepError
+
+atomic = light.load("atomic")
 
 
 def sha256_of(path: Path) -> str:
@@ -50,29 +53,28 @@ def fetch(ctx: Context, pin: dict[str, Any]) -> Path:
     dest = cache / pin["filename"]
     if dest.is_file() and sha256_of(dest) == pin["sha256"]:
         return dest
-    tmp = dest.with_suffix(dest.suffix + ".part")
-    ctx.echo(f"  downloading {pin['url']}")
-    try:
-        with urllib.request.urlopen(pin["url"], timeout=60) as resp, open(tmp, "wb") as out:
-            done = 0
-            while chunk := resp.read(1 << 20):
-                out.write(chunk)
-                done += len(chunk)
-                if done % (16 << 20) < (1 << 20):
-                    ctx.echo(f"  ... {done >> 20} MB")
-    except OSError as exc:
-        raise StepError(
-            f"downloading {pin['url']} failed ({exc}); on an offline machine put "
-            f"{pin['filename']} into a directory and pass --artifacts DIR"
-        ) from exc
-    actual = sha256_of(tmp)
-    if actual != pin["sha256"]:
-        tmp.unlink()
-        raise StepError(
-            f"{pin['url']} has sha256 {actual}, expected {pin['sha256']}: refusing it "
-            "(the upstream file changed or the download was tampered with)"
-        )
-    tmp.replace(dest)
+    # Only a complete download with the pinned sha256 ever carries the final name.
+    with atomic.replacing(dest) as tmp:
+        ctx.echo(f"  downloading {pin['url']}")
+        try:
+            with urllib.request.urlopen(pin["url"], timeout=60) as resp, open(tmp, "wb") as out:
+                done = 0
+                while chunk := resp.read(1 << 20):
+                    out.write(chunk)
+                    done += len(chunk)
+                    if done % (16 << 20) < (1 << 20):
+                        ctx.echo(f"  ... {done >> 20} MB")
+        except OSError as exc:
+            raise StepError(
+                f"downloading {pin['url']} failed ({exc}); on an offline machine put "
+                f"{pin['filename']} into a directory and pass --artifacts DIR"
+            ) from exc
+        actual = sha256_of(tmp)
+        if actual != pin["sha256"]:
+            raise StepError(
+                f"{pin['url']} has sha256 {actual}, expected {pin['sha256']}: refusing it "
+                "(the upstream file changed or the download was tampered with)"
+            )
     return dest
 
 

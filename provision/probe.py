@@ -14,6 +14,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
+from provision import light
 from provision.box64 import PAGESIZE_ABORT
 
 MARKER = "TORCH_FL_PROBE_OK"
@@ -87,13 +88,14 @@ def build(out_dir: Path, controller_arch: str, artifacts: Path | None = None) ->
     out_dir.mkdir(parents=True, exist_ok=True)
     src = out_dir / "probe.c"
     src.write_text(SOURCE, encoding="utf-8")
-    tmp = out.with_suffix(".tmp")
-    proc = subprocess.run(
-        [compiler, *CFLAGS, "-o", str(tmp), str(src)], capture_output=True, text=True
-    )
-    if proc.returncode != 0:
-        raise ProbeBuildError(f"compiling the probe with {compiler} failed: {proc.stderr[-800:]}")
-    tmp.replace(out)
+    with light.load("atomic").replacing(out) as tmp:
+        proc = subprocess.run(
+            [compiler, *CFLAGS, "-o", str(tmp), str(src)], capture_output=True, text=True
+        )
+        if proc.returncode != 0:
+            raise ProbeBuildError(
+                f"compiling the probe with {compiler} failed: {proc.stderr[-800:]}"
+            )
     return out
 
 

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
+from provision import light
 from provision.plan import Outcome
 
 SCHEMA = "torch-fl/provision-report/1"
@@ -92,17 +91,8 @@ def validate(report: dict[str, Any]) -> None:
 
 
 def write_atomic(path: Path, report: dict[str, Any]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            json.dump(report, fh, indent=2, sort_keys=True, default=str)
-            fh.write("\n")
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    text = json.dumps(report, indent=2, sort_keys=True, default=str) + "\n"
+    light.load("atomic").write_text(path, text)
 
 
 def _cell(res: Any) -> str:

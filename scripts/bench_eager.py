@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 
 import torch_fl
+from torch_fl import atomic
 
 
 def interleaved_medians(fns: list[Callable[[], object]], repeat: int, inner: int) -> list[float]:
@@ -122,9 +123,7 @@ def main(argv: list[str] | None = None) -> int:
         f"{'met' if small['extra_us_zero_copy'] <= 15 else 'MISSED'})"
     )
     if args.json:
-        tmp = args.json.with_suffix(args.json.suffix + ".tmp")
-        tmp.write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
-        os.replace(tmp, args.json)
+        atomic.write_text(args.json, json.dumps(results, indent=2) + "\n")
     return 0
 
 

@@ -23,7 +23,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from provision import light
 from scripts.lab import binfmt, cache, debapt
+
+atomic = light.load("atomic")
 
 SUITE = "trixie"
 PACKAGES = [
@@ -145,7 +148,6 @@ def _adjust(root: Path) -> None:
 
 def pack_cpio(root: Path, out: Path) -> None:
     """Pack a directory as a gzip'd newc cpio archive (the initramfs format)."""
-    tmp = out.with_suffix(".tmp")
     listing = out.with_suffix(".list")
     with open(listing, "wb") as fh:
         # A file list (not a pipe) feeds cpio, so its output pipe can never stall our input.
@@ -157,7 +159,7 @@ def pack_cpio(root: Path, out: Path) -> None:
             check=True,
         )
     # gzip -1: the archive is rebuilt rarely but unpacked on every boot at the same speed.
-    with open(listing, "rb") as names, open(tmp, "wb") as dst:
+    with atomic.replacing(out) as tmp, open(listing, "rb") as names, open(tmp, "wb") as dst:
         cpio = subprocess.Popen(
             ["nice", "-n", "19", "cpio", "--null", "-o", "-H", "newc", "--quiet"],
             cwd=root,
@@ -170,7 +172,6 @@ def pack_cpio(root: Path, out: Path) -> None:
         if cpio.wait() != 0 or gz.returncode != 0:
             raise RuntimeError(f"cpio/gzip failed packing {root}")
     listing.unlink()
-    os.replace(tmp, out)
 
 
 def build(product: Path) -> dict[str, Any]:

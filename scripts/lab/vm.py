@@ -20,7 +20,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from provision import light
 from scripts.lab import cache, kernel, rootfs
+
+atomic = light.load("atomic")
 
 QEMU = "qemu-system-aarch64"
 MEMORY_MB = 3072
@@ -144,9 +147,7 @@ def _keys_cpio(run: Path) -> tuple[Path, str]:
 
 def _write_known_hosts(run: Path, port: int, host_pub: str) -> None:
     key_type, key_b64 = host_pub.split()[:2]
-    tmp = run / "known_hosts.tmp"
-    tmp.write_text(f"[127.0.0.1]:{port} {key_type} {key_b64}\n")
-    os.replace(tmp, run / "known_hosts")
+    atomic.write_text(run / "known_hosts", f"[127.0.0.1]:{port} {key_type} {key_b64}\n")
 
 
 def _banner(port: int) -> bool:
@@ -184,12 +185,10 @@ def put(info: LabInfo, local: Path, remote: str, mode: str = "755") -> None:
 
 
 def _concat(parts: list[Path], out: Path) -> None:
-    tmp = out.with_suffix(".tmp")
-    with open(tmp, "wb") as dst:
+    with atomic.replacing(out) as tmp, open(tmp, "wb") as dst:
         for part in parts:
             with open(part, "rb") as src:
                 shutil.copyfileobj(src, dst, 1 << 20)
-    os.replace(tmp, out)
 
 
 def _wait_ssh(info: LabInfo, timeout: float) -> bool:
@@ -302,9 +301,8 @@ def _up_locked(page_size: str, log) -> tuple[LabInfo, dict[str, float]]:
             start_new_session=True,  # survives the invoke process that started it
         )
     info = LabInfo(proc.pid, port, page_size, run)
-    tmp = run / "lab.json.tmp"
-    tmp.write_text(json.dumps({"pid": proc.pid, "port": port, "page_size": page_size}) + "\n")
-    os.replace(tmp, run / "lab.json")
+    state = {"pid": proc.pid, "port": port, "page_size": page_size}
+    atomic.write_text(run / "lab.json", json.dumps(state) + "\n")
     deadline = time.monotonic() + BOOT_TIMEOUT_S
     while time.monotonic() < deadline:
         if proc.poll() is not None:

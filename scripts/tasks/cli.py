@@ -23,6 +23,7 @@ from typing import Any
 from invoke import Task
 from invoke.exceptions import Exit
 
+from provision import light
 from scripts import outpaths, progress
 
 INTERRUPTED_CODE = 130  # 128 + SIGINT, what shells report for Ctrl-C
@@ -102,11 +103,7 @@ def write_json(doc: Any, dest: str) -> None:
         except BrokenPipeError:
             _quiet_stdout()  # the reader (head, less) has enough: not an error
         return
-    path = Path(dest).expanduser()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
+    light.load("atomic").write_text(Path(dest).expanduser(), text)
 
 
 def print_lines(lines: list[str]) -> None:

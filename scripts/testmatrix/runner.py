@@ -26,6 +26,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
+from provision import light
 from scripts import outpaths, progress
 from scripts.testmatrix.capabilities import detect, enable_hint
 from scripts.testmatrix.platforms import profile
@@ -74,11 +75,7 @@ class LaneResult:
         return self.status == "ran" and not any(self.buckets[b] for b in BAD_BUCKETS)
 
 
-def _atomic_write(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
+_atomic_write = light.load("atomic").write_text
 
 
 def _lane_env(lane: Lane, root: Path, workers: int) -> dict[str, str]:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import difflib
 import json
-import os
 import sys
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass
@@ -21,6 +20,7 @@ from typing import TextIO
 
 import yaml
 
+from provision import light
 from scripts.testmatrix.capabilities import is_present
 from scripts.testmatrix.plugin import CRASH_TEXT
 from scripts.testmatrix.schema import Matrix, parse
@@ -197,9 +197,7 @@ def main(
         )
     )
     if write:
-        tmp = matrix_file.with_name(f".{name}.{os.getpid()}.tmp")
-        tmp.write_text(new_text, encoding="utf-8")
-        os.replace(tmp, matrix_file)
+        light.load("atomic").write_text(matrix_file, new_text)
         print(f"wrote {matrix_file}; replace every FIXME before the next run", file=stream)
     else:
         print("review the diff; apply it with `invoke matrix-update --write`", file=stream)
