@@ -22,6 +22,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from provision import box64, light
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 # name -> one-line meaning; schema.py rejects requirement names not listed here.
@@ -56,21 +58,13 @@ def _loadable(path: str) -> bool:
 def _read_env_setting(name: str) -> str | None:
     """FLAGOS_BPU_* from the environment, then the provisioning env file.
 
-    torch_fl/envfile.py is loaded by file path: importing the `torch_fl` package would import
-    torch and the C++ extension, which the runner must not depend on.
+    torch_fl/envfile.py is loaded by file path (provision/light.py): importing the `torch_fl`
+    package would import torch and the C++ extension, which the runner must not depend on.
     """
     if os.environ.get(name):
         return os.environ[name]
-    envfile = REPO_ROOT / "torch_fl" / "envfile.py"
-    if not envfile.is_file():
-        return None
-    spec = importlib.util.spec_from_file_location("_matrix_envfile", envfile)
-    if spec is None or spec.loader is None:
-        return None
-    module = importlib.util.module_from_spec(spec)
     try:
-        spec.loader.exec_module(module)
-        return module.load_env_file().get(name) or None
+        return light.load("envfile").load_env_file().get(name) or None
     except (OSError, ValueError):
         return None
 
@@ -157,8 +151,8 @@ def box64_version() -> str | None:
         proc = subprocess.run([exe, "-v"], capture_output=True, text=True, timeout=20)
     except (OSError, subprocess.TimeoutExpired):
         return None
-    match = _SEMVER.search(proc.stdout + "\n" + proc.stderr)
-    return match.group(1) if match else None
+    version = box64.parse_version(proc.stdout, proc.stderr)
+    return box64.fmt(version) if version is not None else None
 
 
 def _cupti_candidates() -> list[str]:

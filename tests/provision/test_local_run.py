@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 from pathlib import Path
 
-from provision import report
+from provision import light, report
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -22,11 +21,8 @@ def snapshot(root: Path) -> dict[str, float]:
 
 
 def load_env_reader():
-    """torch_fl.envfile loaded by path: `import torch_fl` needs the built extension."""
-    spec = importlib.util.spec_from_file_location("tfl_envfile", REPO / "torch_fl" / "envfile.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    """torch_fl.envfile without `import torch_fl` (which needs the built extension)."""
+    return light.load("envfile")
 
 
 def test_dry_changes_nothing(iso, fast_config, provision_cli):
