@@ -7,8 +7,8 @@ provisioning); this file only assembles them so a newcomer finds each stage in o
 from invoke import Collection
 
 from provision import tasks as provision_tasks
-from scripts.tasks import bpu, build, lab, matrix
+from scripts.tasks import bpu, build, farm, lab, matrix
 
 ns = Collection()
-for module in (build, bpu, matrix, lab, provision_tasks):
+for module in (build, bpu, matrix, lab, provision_tasks, farm):
     module.register(ns)

@@ -1,0 +1,145 @@
+"""invoke farm.provision / farm.test: provision and test boards held through labgrid.
+
+See docs/farm.md. labgrid finds and holds the boards; provisioning and lanes go over this
+project's own SSH target with host keys checked. Exit 0 only when every requested place (and
+lane) passed; 1 otherwise; 2 for bad input.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from invoke import Collection, task
+from invoke.exceptions import Exit
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _controller_cache() -> Path:
+    """Controller-side scratch for provisioning (same place `invoke provision` uses)."""
+    import os
+
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "torch-fl" / "provision"
+
+
+_COMMON_HELP = {
+    "coordinator": "labgrid coordinator HOST:PORT (else LG_COORDINATOR, else invoke.yaml farm.coordinator)",
+    "place": "a place by name (repeatable or a comma list)",
+    "tag": "a tag filter key=value (repeatable), e.g. --tag board=rdk-s600 --tag pagesize=65536",
+    "count": "with tag filters: how many matching places to hold (default 1)",
+    "farm-config": "YAML with coordinator, ssh and per-place ssh settings (docs/farm.md)",
+    "config": "provisioning YAML (as for invoke provision --config)",
+    "only": "provisioning steps to run (comma list)",
+    "skip": "provisioning steps to skip (comma list)",
+    "artifacts": "directory with pinned tarballs/probe for offline boards",
+    "insecure-host-key": "accept unknown SSH host keys (throwaway test boards only)",
+    "reserve-timeout": "seconds to wait for a free place before giving up (default 300)",
+    "out": "report directory (default out/farm)",
+}
+
+
+def _job(c, *, mode, coordinator, place, tag, count, farm_config, config, only, skip,
+         artifacts, insecure_host_key, reserve_timeout, out, **extra):  # fmt: skip
+    from provision import config as config_mod
+    from provision import plan
+    from provision.steps import Options
+    from scripts.farm import selection, settings
+    from scripts.farm.run import FarmJob
+
+    try:
+        section = c.config.get("farm") if hasattr(c, "config") else None
+        farm = settings.load(coordinator, farm_config, dict(section) if section else None)
+        requests = selection.requests(place or [], tag or [], int(count) if count else None)
+        prov_section = c.config.get("provision") if hasattr(c, "config") else None
+        cfg = config_mod.load(config, dict(prov_section) if prov_section else None)
+        steps = plan.select(only, skip, cfg["steps"]["skip"])
+        art = Path(artifacts).expanduser() if artifacts else None
+        if art is not None and not art.is_dir():
+            raise ValueError(f"--artifacts {artifacts} is not a directory")
+        timeout = float(reserve_timeout) if reserve_timeout is not None else 300.0
+        if timeout <= 0:
+            raise ValueError("--reserve-timeout must be > 0 seconds")
+    except (ValueError, config_mod.ConfigError) as exc:
+        raise Exit(f"farm.{mode}: {exc}", code=2) from None
+    return FarmJob(
+        settings=farm,
+        requests=requests,
+        out_dir=Path(out) if out else ROOT / "out" / "farm",
+        root=ROOT,
+        work_root=_controller_cache(),
+        provision_cfg=cfg,
+        selected_steps=steps,
+        options=Options(artifacts=art),
+        insecure_host_key=insecure_host_key,
+        reserve_timeout_s=timeout,
+        **extra,
+    )
+
+
+def _finish(job) -> None:
+    from scripts.farm.run import run
+
+    code, _, _ = run(job)
+    if code:
+        raise Exit(code=code)
+
+
+@task(iterable=["place", "tag"], help=_COMMON_HELP)
+def provision(c, coordinator=None, place=None, tag=None, count=None, farm_config=None,
+              config=None, only=None, skip=None, artifacts=None, insecure_host_key=False,
+              reserve_timeout=None, out=None):  # fmt: skip
+    """Reserve places and provision each board over SSH, in parallel."""
+    job = _job(c, mode="provision", coordinator=coordinator, place=place, tag=tag, count=count,
+               farm_config=farm_config, config=config, only=only, skip=skip, artifacts=artifacts,
+               insecure_host_key=insecure_host_key, reserve_timeout=reserve_timeout, out=out)  # fmt: skip
+    _finish(job)
+
+
+@task(
+    iterable=["place", "tag", "lane"],
+    help={
+        **_COMMON_HELP,
+        "lane": "lane(s) to run on each board (repeatable or a comma list; required)",
+        "matrix-file": "matrix file inside the checkout (default matrix.yaml)",
+        "setup": "how the board gets its Python: bootstrap (default), kit or none",
+        "board-python": "the board's interpreter for --setup kit/none (default python3)",
+        "no-provision": "skip provisioning (the board is already provisioned)",
+        "lane-timeout": "seconds for all lanes on one board (default 3600)",
+    },
+)
+def test(c, lane=None, coordinator=None, place=None, tag=None, count=None, farm_config=None,
+         config=None, only=None, skip=None, artifacts=None, insecure_host_key=False,
+         reserve_timeout=None, out=None, matrix_file="matrix.yaml", setup="bootstrap",
+         board_python=None, no_provision=False, lane_timeout=None):  # fmt: skip
+    """Reserve places, provision each board, run lanes on it, merge every board's results."""
+    from scripts.farm.board import SETUP_MODES
+
+    lanes = [n.strip() for item in lane or [] for n in item.split(",") if n.strip()]
+    if not lanes:
+        raise Exit("farm.test: name the lanes to run on the boards with --lane", code=2)
+    if setup not in SETUP_MODES:
+        raise Exit(f"farm.test: --setup {setup!r} is not one of {', '.join(SETUP_MODES)}", code=2)
+    if not (ROOT / matrix_file).is_file():
+        raise Exit(f"farm.test: --matrix-file {matrix_file} is not a file in the checkout", code=2)
+    from scripts.testmatrix.schema import MatrixError, load
+
+    try:
+        known = load(ROOT / matrix_file).lanes
+    except MatrixError as exc:
+        raise Exit(f"farm.test: {exc}", code=2) from None
+    unknown = [n for n in lanes if n not in known]
+    if unknown:
+        raise Exit(f"farm.test: unknown lane(s) {unknown}; {matrix_file} has {list(known)}", code=2)
+    job = _job(c, mode="test", coordinator=coordinator, place=place, tag=tag, count=count,
+               farm_config=farm_config, config=config, only=only, skip=skip, artifacts=artifacts,
+               insecure_host_key=insecure_host_key, reserve_timeout=reserve_timeout, out=out,
+               provision=not no_provision, lanes=lanes, matrix_file=matrix_file, setup=setup,
+               board_python=board_python,
+               lane_timeout_s=float(lane_timeout) if lane_timeout else 3600.0)  # fmt: skip
+    _finish(job)
+
+
+def register(ns: Collection) -> None:
+    """Add the `farm` collection to the root collection."""
+    ns.add_collection(Collection("farm", provision, test))
