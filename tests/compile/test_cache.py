@@ -106,7 +106,7 @@ def test_warm_cache_needs_no_export(monkeypatch):
     def no_export(*a, **k):
         raise AssertionError("exported despite a warm cache")
 
-    monkeypatch.setattr(build, "export_float", no_export)
+    monkeypatch.setattr(build, "export_weight_graph", no_export)
     with report.collect() as reps, torch.no_grad():
         out = compile_bpu(model, executor="sim")(x)
     assert reps[0].runtimes[0].last_build.cache_hit and torch.equal(out, ref)

@@ -142,7 +142,8 @@ def test_hbm_executor_end_to_end(x86, monkeypatch, request):
             out = compile_bpu(model, executor="hbm")(x)
     rt = reps[0].runtimes[0]
     assert rt.kind == "hbm" and rt.last_build.compiled
-    assert torch.equal(out, sim)
+    # same Q/DQ numerics; ORT picks other float kernels for constant weights (last-ulp sums)
+    assert torch.allclose(out, sim, rtol=1e-5, atol=1e-6)
     assert hbm_runtime.CALLS[-1][rt.spec.input_names[0]] == x.data_ptr()  # zero-copy input
     # a fresh compile on a "board" without compiler finds the shipped artifact by graph key
     monkeypatch.setenv("FLAGOS_BPU_DRIVER", "none")

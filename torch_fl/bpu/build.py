@@ -1,4 +1,9 @@
-"""Turn one partition into an artifact and an executor: freeze -> export -> Q/DQ -> cache -> hbdk4.
+"""Turn one partition into artifacts: export -> bake weights -> Q/DQ -> cache -> hbdk4.
+
+Each build yields two graphs from one export: `model.onnx`, the quantized graph with the weights
+baked in (what the cache key hashes and hbdk4 compiles), and `model.live.onnx`, the same graph
+reading the weights as inputs and quantizing them on every call (what the sim executor runs, so
+it never runs stale weights). See conversion/live_weights.py.
 
 The fast path for a fresh process is the graph key: a hash of the FX graph, the runtime input
 shapes, every frozen weight byte, the quantization settings and scales and the march. The cache
@@ -21,13 +26,14 @@ from torch import fx
 from torch.utils._python_dispatch import _disable_current_modes
 
 from torch_fl.bpu.cache import Artifact, ArtifactCache, artifact_key
+from torch_fl.bpu.conversion import live_weights
 from torch_fl.bpu.conversion.export import OPSET, canonical_bytes, export_onnx
-from torch_fl.bpu.conversion.freezing import freeze
 from torch_fl.bpu.conversion.qdq import quantize_model
 from torch_fl.bpu.drivers import CompilerInfo, compile_onnx, discover
 from torch_fl.bpu.settings import BpuSettings
 
-PIPELINE_VERSION = "torch-fl-bpu-1"
+PIPELINE_VERSION = "torch-fl-bpu-2"
+LIVE_MODEL = "model.live.onnx"
 
 
 @dataclass
@@ -58,11 +64,18 @@ class PartitionSpec:
     def output_names(self) -> list[str]:
         return [f"output_{i}" for i in range(self.n_outputs)]
 
+    @property
+    def weight_names(self) -> tuple[str, ...]:
+        """ONNX input names of the frozen weights: their placeholders' names."""
+        placeholders = [n.name for n in self.gm.graph.nodes if n.op == "placeholder"]
+        return tuple(placeholders[i] for i in self.frozen_positions)
+
 
 @dataclass
 class BuildResult:
     artifact: Artifact | None
     onnx_bytes: bytes
+    live_bytes: bytes
     graph_key: str
     cache_hit: bool
     exported: bool
@@ -100,17 +113,29 @@ def graph_key(
     return h.hexdigest()
 
 
-def export_float(spec: PartitionSpec, args: Sequence[torch.Tensor]):
-    """Float ONNX of the partition with the weights in `args` baked in.
+def export_weight_graph(spec: PartitionSpec, args: Sequence[torch.Tensor]):
+    """Float ONNX of the partition with the frozen weights as graph inputs.
 
     aot_autograd may run the compiled graph's first call under a Python dispatch mode; the
     TorchScript tracer does not see through one and would constant-fold the whole partition
     (the graph inputs vanish). Export with the modes switched off.
     """
     with _disable_current_modes():
-        frozen = freeze(spec.gm, spec.frozen_positions, args)
-        runtime_inputs = [args[i].detach() for i in spec.runtime_positions]
-        return export_onnx(frozen, runtime_inputs, spec.input_names)
+        names = [n.name for n in spec.gm.graph.nodes if n.op == "placeholder"]
+        model = export_onnx(spec.gm, [a.detach() for a in args], names)
+    return live_weights.split(model, spec.weight_names)
+
+
+def weight_values(spec: PartitionSpec, args: Sequence[torch.Tensor]) -> dict:
+    return {
+        name: args[pos].detach().contiguous().numpy()
+        for name, pos in zip(spec.weight_names, spec.frozen_positions, strict=True)
+    }
+
+
+def export_float(spec: PartitionSpec, args: Sequence[torch.Tensor]):
+    """Float ONNX of the partition with the weights in `args` baked in (calibration's view)."""
+    return live_weights.bake(export_weight_graph(spec, args), weight_values(spec, args))
 
 
 def build(
@@ -144,11 +169,14 @@ def build(
             art = cache.get(key)
             if art is None or (need_hbm and art.file("model.hbm") is None):
                 continue
+            if art.file(LIVE_MODEL) is None:
+                continue
             timings["total_s"] = time.perf_counter() - start
             hbm = art.file("model.hbm")
             return BuildResult(
                 art,
                 (art.path / "model.onnx").read_bytes(),
+                art.file(LIVE_MODEL).read_bytes(),
                 gkey,
                 True,
                 False,
@@ -159,13 +187,17 @@ def build(
             )
 
     t0 = time.perf_counter()
-    model = export_float(spec, args)
+    weight_graph = export_weight_graph(spec, args)
+    baked = live_weights.bake(weight_graph, weight_values(spec, args))
     timings["export_s"] = time.perf_counter() - t0
+    model = baked
     if settings.quantize:
         t0 = time.perf_counter()
-        model = quantize_model(model, scales or {}, settings.act_scale)
+        model = quantize_model(baked, scales or {}, settings.act_scale)
         timings["qdq_s"] = time.perf_counter() - t0
     onnx_bytes = canonical_bytes(model)
+    live = live_weights.make_live(weight_graph, baked, model, scales or {}, settings.act_scale)
+    live_bytes = canonical_bytes(live)
     if need_hbm and not want_compile:
         raise RuntimeError(
             f"partition {spec.index}: no cached .hbm artifact and no hbdk4 compiler "
@@ -177,7 +209,7 @@ def build(
 
     def make() -> tuple[dict[str, bytes], dict]:
         nonlocal compiled
-        files = {"model.onnx": onnx_bytes}
+        files = {"model.onnx": onnx_bytes, LIVE_MODEL: live_bytes}
         meta = {
             "march": settings.march,
             "compiler_id": compiler_id,
@@ -212,4 +244,6 @@ def build(
             tmp.write_bytes(files["model.hbm"])
             hbm_path = str(tmp)
     timings["total_s"] = time.perf_counter() - start
-    return BuildResult(art, onnx_bytes, gkey, False, True, compiled, compiler_id, timings, hbm_path)
+    return BuildResult(
+        art, onnx_bytes, live_bytes, gkey, False, True, compiled, compiler_id, timings, hbm_path
+    )

@@ -1,10 +1,12 @@
-"""Bake parameters/buffers into a partition so they become ONNX initializers.
+"""Change detection for weights baked into an artifact (the hbm executor's .hbm file).
 
-Weights that cross the host/BPU boundary on every call made the earlier backend 3x slower than
-eager, so frozen weights are constants of the artifact. The price is staleness: a later in-place
-update (`load_state_dict`, an optimizer step) must be noticed. `FrozenWeights.stale` compares the
-tensors a call passes against the frozen ones by identity and version counter, which costs well
-under a microsecond per weight.
+Host executors never bake weights (sim reads them as graph inputs, eager runs the FX graph), so
+only an artifact that must hold its weights needs this. Version counters alone miss writes
+through `.data`, `p.data = ...` and numpy views, so each call checks, per weight:
+identity (same tensor object, data pointer, storage size, version counter) and then content
+(every byte against a private copy taken when the artifact was built). The content compare is a
+memcmp-speed pass over the weights (measured in scripts/bench_compile.py); the copy costs as much
+memory as the weights themselves.
 """
 
 from __future__ import annotations
@@ -12,47 +14,43 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
-from torch import fx
+
+
+def _bytes(tensor: torch.Tensor) -> torch.Tensor:
+    flat = tensor.detach().reshape(-1)  # a view when contiguous, a copy otherwise
+    return flat.view(torch.uint8) if flat.numel() else flat
 
 
 class FrozenWeights:
-    """The weights one build of a partition baked in, to detect later changes."""
+    """The weights one build of a partition baked in, to detect any later change."""
 
     __slots__ = ("entries",)
 
     def __init__(self, positions: Sequence[int], args: Sequence[torch.Tensor]) -> None:
-        self.entries = tuple((pos, args[pos], args[pos]._version) for pos in positions)
+        self.entries = tuple(
+            (
+                pos,
+                args[pos],
+                args[pos].data_ptr(),
+                args[pos].untyped_storage().nbytes(),
+                args[pos]._version,
+                tuple(args[pos].stride()),
+                _bytes(args[pos]).clone(),
+            )
+            for pos in positions
+        )
 
     def stale(self, args: Sequence[torch.Tensor]) -> bool:
-        for pos, tensor, version in self.entries:
+        for pos, tensor, ptr, nbytes, version, strides, snapshot in self.entries:
             current = args[pos]
-            if current is not tensor or current._version != version:
+            if (
+                current is not tensor
+                or current.data_ptr() != ptr
+                or current._version != version
+                or current.untyped_storage().nbytes() != nbytes
+                or current.stride() != strides
+            ):
+                return True
+            if not torch.equal(_bytes(current), snapshot):
                 return True
         return False
-
-
-def freeze(
-    gm: fx.GraphModule, frozen_positions: Sequence[int], args: Sequence[torch.Tensor]
-) -> fx.GraphModule:
-    """A copy of `gm` whose placeholders at `frozen_positions` are constants from `args`."""
-    frozen = set(frozen_positions)
-    graph = fx.Graph()
-    root = torch.nn.Module()
-    env: dict[fx.Node, fx.Node] = {}
-    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
-    for index, node in enumerate(placeholders):
-        if index in frozen:
-            attr = f"_frozen_{index}"
-            # detach + clone: the artifact must not alias a tensor the user may mutate later.
-            root.register_buffer(attr, args[index].detach().clone())
-            env[node] = graph.get_attr(attr)
-        else:
-            env[node] = graph.placeholder(node.name)
-        env[node].meta = dict(node.meta)
-    for node in gm.graph.nodes:
-        if node.op == "placeholder":
-            continue
-        env[node] = graph.node_copy(node, lambda n: env[n])
-    out = fx.GraphModule(root, graph)
-    out.recompile()
-    return out

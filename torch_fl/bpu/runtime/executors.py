@@ -1,7 +1,8 @@
 """The three ways a partition runs.
 
-Each executor is a callable taking the partition's runtime inputs (a list of CPU tensors, frozen
-weights already removed) and returning a tuple of tensors. Everything that can be computed once
+Each executor is a callable returning a tuple of tensors. The sim executor takes all of the
+partition's inputs (weights included: it runs them live); the hbm executor takes the runtime
+inputs only (its artifact holds the weights). Everything that can be computed once
 (names, dtypes, the ORT session) is computed in the constructor: the call path only converts.
 """
 
@@ -16,11 +17,24 @@ import torch
 
 
 class SimExecutor:
-    """ONNX Runtime on the Q/DQ graph: the BPU's int8 numerics on the host."""
+    """ONNX Runtime on the Q/DQ graph: the BPU's int8 numerics on the host.
+
+    The graph reads the frozen weights as inputs (conversion/live_weights.py): every call runs
+    the weights the parameters hold at that moment. Their numpy views are made once and reused
+    while each parameter's data pointer is unchanged; a view keeps its storage alive, so an equal
+    pointer means the same memory, and shape, stride or dtype changes are recompiled by Dynamo's
+    guards before they reach this call.
+    """
 
     kind = "sim"
 
-    def __init__(self, onnx_bytes: bytes, threads: int = 0) -> None:
+    def __init__(
+        self,
+        onnx_bytes: bytes,
+        threads: int = 0,
+        runtime_inputs: Sequence[tuple[str, int]] = (),
+        weights: Sequence[tuple[str, int]] = (),
+    ) -> None:
         import onnxruntime as ort
 
         options = ort.SessionOptions()
@@ -35,10 +49,32 @@ class SimExecutor:
         self.session = ort.InferenceSession(onnx_bytes, options, providers=["CPUExecutionProvider"])
         self.input_names = tuple(i.name for i in self.session.get_inputs())
         self.output_names = [o.name for o in self.session.get_outputs()]
+        known = set(self.input_names)
+        self._inputs = tuple((n, p) for n, p in runtime_inputs if n in known)
+        self._weights = tuple((n, p) for n, p in weights if n in known)
+        missing = known - {n for n, _ in self._inputs} - {n for n, _ in self._weights}
+        if missing:
+            raise RuntimeError(f"sim graph inputs {sorted(missing)} match no partition input")
+        self._views: tuple[tuple[int, ...], dict] = ((), {})
         self._run = self.session.run
 
-    def __call__(self, inputs: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
-        feed = {name: t.detach().numpy() for name, t in zip(self.input_names, inputs, strict=False)}
+    def _weight_feed(self, args: Sequence[torch.Tensor]) -> dict:
+        ptrs, feed = self._views
+        if ptrs:
+            for (_, pos), ptr in zip(self._weights, ptrs, strict=True):
+                if args[pos].data_ptr() != ptr:
+                    break
+            else:
+                return feed
+        # First call, or a parameter now points at other memory (`p.data = ...`).
+        feed = {name: args[pos].detach().numpy() for name, pos in self._weights}
+        self._views = (tuple(args[pos].data_ptr() for _, pos in self._weights), feed)
+        return feed
+
+    def __call__(self, args: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
+        feed = dict(self._weight_feed(args))
+        for name, pos in self._inputs:
+            feed[name] = args[pos].detach().numpy()
         return tuple(map(torch.from_numpy, self._run(self.output_names, feed)))
 
 

@@ -1,7 +1,8 @@
 """The module that replaces each fused partition in the compiled graph.
 
-Call path (hot): one attribute read, a frozen-weight check (identity + version counter per
-weight), an optional profiler range, the executor. Everything else — building the artifact,
+Call path (hot): one attribute read, for the hbm executor only a baked-weight check (identity and
+content per weight; sim and eager read the weights live and need none), an optional profiler
+range, the executor. Everything else — building the artifact,
 calibration, stale rebuilds, fallbacks — happens on the slow path, taken on the first call and
 whenever the fast path's preconditions fail.
 """
@@ -118,6 +119,12 @@ class PartitionRuntime(torch.nn.Module):
         if kind == "eager" and not compile_artifact:
             self._use_eager(self.entry.executor_reason)
             return
+        if _has_zero_size(args, self.entry.outputs):
+            # ONNX Runtime and hbdk4 divide by a zero dimension (SIGFPE kills the process);
+            # shapes are static per compiled graph, so this partition is always empty and there
+            # is no work to offload (strict mode accepts it).
+            self._use_eager("zero-size tensor (runs eagerly)")
+            return
         if (
             settings.quantize
             and settings.calibrate == "first-call"
@@ -137,7 +144,13 @@ class PartitionRuntime(torch.nn.Module):
             )
             executor = None
             if kind == "sim":
-                executor = SimExecutor(result.onnx_bytes, settings.sim_threads)
+                spec = self.spec
+                executor = SimExecutor(
+                    result.live_bytes,
+                    settings.sim_threads,
+                    list(zip(spec.input_names, spec.runtime_positions, strict=True)),
+                    list(zip(spec.weight_names, spec.frozen_positions, strict=True)),
+                )
             elif kind == "hbm":
                 executor = HbmExecutor(result.hbm_path, self.spec.input_names, result_outputs(self))
         except Exception as exc:
@@ -159,10 +172,20 @@ class PartitionRuntime(torch.nn.Module):
         if executor is None:  # eager execution, artifact compiled for shipping
             self._use_eager(self.entry.executor_reason)
             return
-        positions = self.spec.runtime_positions
-        self._exec = lambda a: executor([a[i] for i in positions])
-        self._frozen = FrozenWeights(self.spec.frozen_positions, args)
+        if kind == "sim":
+            self._exec = executor  # reads the weights live: never stale
+            self._frozen = None
+        else:
+            positions = self.spec.runtime_positions
+            self._exec = lambda a: executor([a[i] for i in positions])
+            self._frozen = FrozenWeights(self.spec.frozen_positions, args)
         self._set_kind(kind)
+
+
+def _has_zero_size(args: Sequence[torch.Tensor], output_shapes: Sequence) -> bool:
+    if any(isinstance(a, torch.Tensor) and a.numel() == 0 for a in args):
+        return True
+    return any(shape is not None and 0 in shape for shape in output_shapes)
 
 
 def result_outputs(runtime: PartitionRuntime) -> list[str]:

@@ -1,0 +1,155 @@
+"""Weights changed after compilation are what the next call runs with, for every executor.
+
+The idioms are the ones training and EMA code use; several of them (writes through `.data`,
+through a numpy view, `p.data = ...`) do not bump the parameter's version counter.
+"""
+
+import copy
+import sys
+
+import pytest
+import torch
+from torch import nn
+
+from tests.compile.bpu_helpers import STANDINS, compile_bpu
+from tests.compile.test_drivers import libhbtl, x86  # noqa: F401  (fixtures)
+from torch_fl.bpu import report
+
+
+class Net(nn.Module):
+    """Conv weight, BN parameters and running stats, a linear layer: every kind of frozen input."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+        self.bn = nn.BatchNorm2d(8)
+        self.fc = nn.Linear(8 * 4 * 4, 8)
+
+    def forward(self, x):
+        y = torch.relu(self.bn(self.conv(x)))
+        return self.fc(torch.nn.functional.max_pool2d(y, 2).flatten(1))
+
+
+def _new_values(model):
+    gen = torch.Generator().manual_seed(7)
+    return [torch.randn(p.shape, generator=gen) * 0.2 for p in model.parameters()]
+
+
+def _copy_data(model):
+    for p, v in zip(model.parameters(), _new_values(model), strict=True):
+        p.data.copy_(v)
+
+
+def _assign_data(model):
+    for p, v in zip(model.parameters(), _new_values(model), strict=True):
+        p.data = v.clone()
+
+
+def _vector_to_parameters(model):
+    values = _new_values(model)
+    nn.utils.vector_to_parameters(torch.cat([v.flatten() for v in values]), model.parameters())
+
+
+def _ema(model):
+    decay = 0.5
+    for p, v in zip(model.parameters(), _new_values(model), strict=True):
+        p.data.mul_(decay).add_(v, alpha=1 - decay)
+
+
+def _numpy_view(model):
+    for p, v in zip(model.parameters(), _new_values(model), strict=True):
+        p.detach().numpy()[...] = v.numpy()
+
+
+def _running_stats_through_data(model):
+    model.bn.running_mean.data.add_(0.5)
+    model.bn.running_var.data.mul_(3.0)
+
+
+IDIOMS = {
+    "data.copy_": _copy_data,
+    "p.data=": _assign_data,
+    "vector_to_parameters": _vector_to_parameters,
+    "ema": _ema,
+    "numpy_view": _numpy_view,
+    "buffers_via_data": _running_stats_through_data,
+}
+
+
+def _fresh(model, x, executor):
+    """What a compilation made after the change computes (the reference for stale outputs)."""
+    torch._dynamo.reset()
+    with torch.no_grad():
+        return compile_bpu(copy.deepcopy(model), executor=executor)(x)
+
+
+@pytest.mark.parametrize("executor", ["sim", "eager"])
+@pytest.mark.parametrize("idiom", sorted(IDIOMS))
+def test_changed_weights_run(executor, idiom):
+    model = Net().eval()
+    x = torch.randn(2, 3, 8, 8)
+    compiled = compile_bpu(model, executor=executor)
+    with report.collect() as reps, torch.no_grad():
+        before = compiled(x)
+        IDIOMS[idiom](model)
+        after = compiled(x)
+    assert not torch.allclose(after, before)
+    if executor == "eager":
+        with torch.no_grad():
+            assert torch.equal(after, model(x))
+    else:
+        assert reps[0].runtimes[0].builds == 1  # live weights: nothing rebuilt
+        assert torch.equal(after, _fresh(model, x, executor))
+
+
+def test_transposed_view_assigned_to_data():
+    """Same storage, other strides: the new layout is what runs."""
+    model = nn.Sequential(nn.Linear(8, 8), nn.ReLU()).eval()
+    x = torch.randn(3, 8)
+    compiled = compile_bpu(model, executor="sim")
+    with torch.no_grad():
+        before = compiled(x)
+        model[0].weight.data = model[0].weight.data.t()
+        after = compiled(x)
+    assert not torch.allclose(after, before)
+    assert torch.equal(after, _fresh(model, x, "sim"))
+
+
+@pytest.fixture
+def board(x86, monkeypatch, request):  # noqa: F811
+    x86(emulated=False)
+    monkeypatch.syspath_prepend(str(STANDINS / "hbm_runtime"))
+    request.addfinalizer(lambda: sys.modules.pop("hbm_runtime", None))
+
+
+@pytest.mark.parametrize("idiom", sorted(IDIOMS))
+def test_changed_weights_rebuild_hbm(board, idiom):
+    model = Net().eval()
+    x = torch.randn(2, 3, 8, 8)
+    compiled = compile_bpu(model, executor="hbm")
+    with report.collect() as reps, torch.no_grad():
+        before = compiled(x)
+        compiled(x)
+        rt = reps[0].runtimes[0]
+        assert rt.builds == 1  # unchanged weights: no rebuild
+        IDIOMS[idiom](model)
+        after = compiled(x)
+        assert rt.builds == 2
+        compiled(x)
+        assert rt.builds == 2
+    assert not torch.allclose(after, before)
+    # the artifact's Q/DQ numerics equal the sim graph's (ORT's float kernels may differ in the
+    # last ulp for constant weights)
+    assert torch.allclose(after, _fresh(model, x, "sim"), rtol=1e-5, atol=1e-6)
+
+
+def test_hbm_on_stale_eager(board):
+    model = Net().eval()
+    x = torch.randn(2, 3, 8, 8)
+    compiled = compile_bpu(model, executor="hbm", on_stale="eager")
+    with report.collect() as reps, torch.no_grad():
+        compiled(x)
+        _ema(model)
+        with pytest.warns(UserWarning, match="frozen weights changed"):
+            out = compiled(x)
+        assert torch.equal(out, model(x)) and reps[0].runtimes[0].kind == "eager"
