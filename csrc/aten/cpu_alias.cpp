@@ -21,10 +21,23 @@ void release_adopted(void* ctx) {
   delete adopted;
 }
 
+// The conjugate and negative bits are part of what a tensor means, not just flags: a conj view
+// reads its bytes conjugated. Every tensor made over another one's bytes must carry them over, or
+// kernels silently read the unconjugated values.
+void copy_math_bits(c10::TensorImpl* impl, const at::Tensor& from) {
+  if (from.is_conj()) {
+    impl->_set_conj(true);
+  }
+  if (from.is_neg()) {
+    impl->_set_neg(true);
+  }
+}
+
 at::Tensor make_device_tensor(c10::Storage storage, const at::Tensor& geometry) {
   auto impl = c10::make_intrusive<c10::TensorImpl>(
       std::move(storage), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), geometry.dtype());
   impl->set_sizes_and_strides(geometry.sizes(), geometry.strides(), geometry.storage_offset());
+  copy_math_bits(impl.get(), geometry);
   return at::Tensor(std::move(impl));
 }
 
@@ -43,6 +56,7 @@ at::Tensor cpu_alias(const at::Tensor& t) {
   auto impl = c10::make_intrusive<c10::TensorImpl>(
       std::move(cpu_storage), c10::DispatchKeySet(c10::DispatchKey::CPU), t.dtype());
   impl->set_sizes_and_strides(t.sizes(), t.strides(), t.storage_offset());
+  copy_math_bits(impl.get(), t);
   return at::Tensor(std::move(impl));
 }
 
@@ -58,6 +72,7 @@ at::Tensor to_device_result(const at::Tensor& cpu, c10::Device device) {
         /*resizable=*/true);
     return make_device_tensor(std::move(storage), cpu);
   }
+  // The copy below resolves any conjugate/negative bit of `cpu` into the values of `out`.
   at::Tensor out = cpu.is_non_overlapping_and_dense()
       ? at::empty_strided(cpu.sizes(), cpu.strides(), cpu.options().device(device))
       : at::empty(cpu.sizes(), cpu.options().device(device));

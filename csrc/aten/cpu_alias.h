@@ -1,8 +1,9 @@
 // CPU views of flagos memory, and flagos tensors made from CPU results.
 //
 // Device memory is host-mapped (UCP) or host memory, so the CPU can work on it in place: a CPU
-// "alias" tensor points at the same bytes with the same sizes, strides and offset. This is what
-// makes the CPU fallback zero-copy.
+// "alias" tensor points at the same bytes with the same sizes, strides, offset and conjugate /
+// negative bits. This is what makes the CPU fallback zero-copy, and what lets the CPU kernels that
+// read those bits themselves (mm, dot, copy_, ...) see a conj or neg view for what it is.
 #pragma once
 
 #include <ATen/core/Tensor.h>

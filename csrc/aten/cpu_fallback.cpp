@@ -39,6 +39,84 @@ bool is_generator_arg(const c10::Argument& arg) {
   return false;
 }
 
+// Ops whose schema takes host-side tensors next to device tensors, which CUDA accepts on the CPU
+// too: index tensors (x[cpu_index]) and the lengths / batch sizes of packed sequences and CTC.
+bool takes_host_tensors(const c10::OperatorName& name) {
+  static const char* const kOps[] = {
+      "aten::index",          "aten::index_put",           "aten::index_put_",
+      "aten::_index_put_impl_", "aten::_unsafe_index",      "aten::_unsafe_index_put",
+      "aten::_pack_padded_sequence", "aten::_pack_padded_sequence_backward",
+      "aten::_pad_packed_sequence", "aten::_ctc_loss",      "aten::_ctc_loss_backward",
+      "aten::_foreach_copy_",  // a copy per pair, and copies may cross devices
+  };
+  for (const char* op : kOps) {
+    if (name.name == op) {
+      return true;
+    }
+  }
+  return false;
+}
+
+struct TensorArg {
+  at::Tensor tensor;
+  size_t index;  // position in the schema's arguments
+};
+
+// CUDA's rule for mixing devices in one op: a CPU tensor may join device tensors only as a 0-dim
+// read-only value (a "CPU scalar"); anything else is an error naming both devices. The CPU
+// fallback would otherwise accept any CPU tensor (its kernel runs on the CPU anyway), so `mm`,
+// `cat` or `out=` would silently work where `add` (TensorIterator) refuses.
+void check_devices(const c10::OperatorHandle& op, const torch::jit::Stack& stack) {
+  const auto& args = op.schema().arguments();
+  const size_t begin = stack.size() - args.size();
+  c10::SmallVector<TensorArg, 8> tensors;
+  std::optional<c10::Device> device;
+  auto visit = [&](const at::Tensor& t, size_t i) {
+    if (!t.defined()) {
+      return;
+    }
+    if (is_flagos(t) && !device.has_value()) {
+      device = t.device();
+    }
+    tensors.push_back(TensorArg{t, i});
+  };
+  for (size_t i = 0; i < args.size(); ++i) {
+    const c10::IValue& value = stack[begin + i];
+    if (value.isTensor()) {
+      visit(value.toTensor(), i);
+    } else if (value.isTensorList()) {
+      for (const at::Tensor& t : value.toTensorList()) {
+        visit(t, i);
+      }
+    } else if (value.isOptionalTensorList()) {
+      for (const std::optional<at::Tensor>& t : value.toOptionalTensorList()) {
+        if (t.has_value()) {
+          visit(*t, i);
+        }
+      }
+    }
+  }
+  if (!device.has_value() || takes_host_tensors(op.schema().operator_name())) {
+    return;
+  }
+  for (const TensorArg& a : tensors) {
+    const at::Tensor& t = a.tensor;
+    if (is_flagos(t)) {
+      continue;
+    }
+    const c10::Argument& arg = args[a.index];
+    const bool written = arg.alias_info() != nullptr && arg.alias_info()->isWrite();
+    if (t.device().is_cpu() && t.dim() == 0 && !written) {
+      continue;  // a CPU scalar, as CUDA allows
+    }
+    TORCH_CHECK(false, "Expected all tensors to be on the same device, but found at least two "
+                "devices, ", *device, " and ", t.device(), "! (", op.schema().name(), ": argument '",
+                arg.name(), "' is a ", t.dim(), "-dim ", written ? "output " : "", "tensor on ",
+                t.device(), "; only 0-dim CPU tensors may be mixed with ", device->type(),
+                " tensors. Move it with .to('", device->type(), "'), or the others with .cpu())");
+  }
+}
+
 class ZeroCopyCall {
  public:
   ZeroCopyCall(const c10::OperatorHandle& op, torch::jit::Stack* stack) : op_(op), stack_(stack) {}
@@ -174,6 +252,7 @@ void flagos_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   // is only built while a profiler is recording.
   RECORD_FUNCTION("flagos::cpu_fallback",
                   std::vector<c10::IValue>({c10::IValue(current_stream(-1).id())}));
+  check_devices(op, *stack);
   if (g_copy_mode.load(std::memory_order_relaxed)) {
     at::native::cpu_fallback(op, stack);
     return;

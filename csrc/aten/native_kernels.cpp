@@ -192,4 +192,20 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("convolution_backward_overrideable", TORCH_FN(convolution_backward_overrideable));
 }
 
+// A conjugate or negative view reaches `_copy_from` (copies between flagos and the CPU) through
+// PyTorch's math-bit fallbacks, which would materialise it with `clone`, itself a `copy_` into a
+// flagos tensor and so another `_copy_from`: endless recursion, then a segfault. copy_from above
+// handles both bits itself (its CPU aliases carry them and the CPU copy_ resolves them), so the
+// fallbacks are skipped for these two ops. Only backends without their own copy_ kernel (flagos
+// here) ever call them.
+TORCH_LIBRARY_IMPL(aten, Conjugate, m) {
+  m.impl("_copy_from", torch::CppFunction::makeFallthrough());
+  m.impl("_copy_from_and_resize", torch::CppFunction::makeFallthrough());
+}
+
+TORCH_LIBRARY_IMPL(aten, Negative, m) {
+  m.impl("_copy_from", torch::CppFunction::makeFallthrough());
+  m.impl("_copy_from_and_resize", torch::CppFunction::makeFallthrough());
+}
+
 }  // namespace torch_fl

@@ -34,7 +34,8 @@ PYBIND11_MODULE(_C, m) {
     d["max_allocated_bytes"] = s.max_allocated;
     d["reserved_bytes"] = s.reserved;
     d["max_reserved_bytes"] = s.max_reserved;
-    d["num_alloc_retries"] = 0;
+    d["num_alloc_retries"] = s.num_alloc_retries;
+    d["num_ooms"] = s.num_ooms;
     d["num_device_alloc"] = s.alloc_count;
     d["num_device_free"] = s.free_count;
     return d;

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <c10/core/Allocator.h>
+#include <c10/core/CachingDeviceAllocator.h>
 #include <c10/core/StorageImpl.h>
 
 #include <cstddef>
@@ -30,13 +31,27 @@ struct MemoryStats {
   int64_t max_reserved = 0;
   int64_t alloc_count = 0;     // runtime allocations (cache misses)
   int64_t free_count = 0;      // runtime frees (empty_cache)
+  int64_t num_alloc_retries = 0;  // runtime allocations retried after emptying the cache
+  int64_t num_ooms = 0;        // allocations that failed even after the retry
 };
 
-class CachingAllocator final : public c10::Allocator {
+// A c10::DeviceAllocator, so PyTorch's device-generic memory API (`torch.accelerator.memory_*`,
+// `torch.accelerator.get_memory_info`) works on flagos as it does on CUDA.
+class CachingAllocator final : public c10::DeviceAllocator {
  public:
   c10::DataPtr allocate(size_t nbytes) override;
   c10::DeleterFnPtr raw_deleter() const override;
   void copy_data(void* dest, const void* src, std::size_t count) const override;
+
+  bool initialized() override { return true; }
+  void emptyCache(c10::MempoolId_t mempool_id) override;
+  // Work on flagos is synchronous, so a block is free for reuse as soon as its tensor dies.
+  void recordStream(const c10::DataPtr& /*ptr*/, c10::Stream /*stream*/) override {}
+  c10::CachingDeviceAllocator::DeviceStats getDeviceStats(c10::DeviceIndex device) override;
+  void resetAccumulatedStats(c10::DeviceIndex device) override;
+  void resetPeakStats(c10::DeviceIndex device) override;
+  // (free, total) bytes of the memory flagos tensors are carved from: see the .cpp.
+  std::pair<size_t, size_t> getMemoryInfo(c10::DeviceIndex device) override;
 
   // Return every cached (unused) block to the runtime.
   void empty_cache();
