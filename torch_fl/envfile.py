@@ -3,14 +3,20 @@
 Provisioning knows where the x86_64 Python, the emulator and the cache live; writing them to a file
 means nobody has to `export` anything before `import torch_fl`. Real environment variables always
 win over the file, so a one-off override needs no edit.
+
+This module is the file format's one home: provisioning writes with `render_env_text` and
+compares with `parse_env_text`. Standard library only, importing nothing from torch_fl, so
+provisioning and the test matrix load it by file (provision/light.py).
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
 
 ENV_FILE_VAR = "FLAGOS_BPU_ENV_FILE"
+HEADER = "# Written by `invoke provision`; real environment variables override these values.\n"
 
 
 def env_file_path() -> Path:
@@ -43,6 +49,18 @@ def parse_env_text(text: str, source: str = "<env file>") -> dict[str, str]:
             value = value[1:-1]
         values[key] = value
     return values
+
+
+def render_env_text(values: Mapping[str, str], header: str = HEADER) -> str:
+    """The file text for `values`, sorted by key; `parse_env_text` reads back exactly `values`."""
+    lines = [header]
+    for key, value in sorted(values.items()):
+        if not key.isidentifier() or "\n" in value or "\r" in value:
+            raise ValueError(f"cannot write {key}={value!r} to the env file: one KEY=VALUE a line")
+        if value != value.strip() or value[:1] in "'\"":
+            value = f'"{value}"'  # parse_env_text strips blanks and one pair of quotes
+        lines.append(f"{key}={value}\n")
+    return "".join(lines)
 
 
 def load_env_file(path: Path | None = None) -> dict[str, str]:

@@ -1,4 +1,4 @@
-"""The per-user env file torch_fl reads by itself (see torch_fl/envfile.py for the reader)."""
+"""The per-user env file torch_fl reads by itself; its format lives in torch_fl/envfile.py."""
 
 from __future__ import annotations
 
@@ -10,22 +10,7 @@ from provision.context import Context
 from provision.results import NEEDED, OK, CheckResult, Inputs, StepError
 
 MARCHES: tuple[str, ...] = light.load("targets").MARCHES
-
-HEADER = "# Written by `invoke provision`; real environment variables override these values.\n"
-
-
-def parse(text: str) -> dict[str, str]:
-    values = {}
-    for raw in text.splitlines():
-        line = raw.strip()
-        if line and not line.startswith("#") and "=" in line:
-            key, _, value = line.partition("=")
-            values[key.strip()] = value.strip()
-    return values
-
-
-def render(values: dict[str, str]) -> str:
-    return HEADER + "".join(f"{k}={v}\n" for k, v in sorted(values.items()))
+envfile_format = light.load("envfile")
 
 
 class EnvFile:
@@ -71,10 +56,14 @@ class EnvFile:
         path = ctx.facts["env_file"]
         want = self.desired(ctx, inputs)
         rc, out, _ = ctx.sh(f"cat {shlex.quote(path)} 2>/dev/null")
-        have = parse(out) if rc == 0 else {}
         facts = {"path": path, "values": want}
         if rc != 0:
             return CheckResult(NEEDED, facts, f"{path} missing")
+        try:
+            # torch_fl's own reader: a file it would refuse is rewritten, not left to fail later
+            have = envfile_format.parse_env_text(out, source=path)
+        except ValueError as exc:
+            return CheckResult(NEEDED, facts, f"torch_fl cannot read it ({exc}): will rewrite")
         diff = sorted(k for k in set(want) | set(have) if want.get(k) != have.get(k))
         if diff:
             facts["differs"] = diff
@@ -82,7 +71,8 @@ class EnvFile:
         return CheckResult(OK, facts, f"{path} up to date ({len(want)} settings)")
 
     def apply(self, ctx: Context, before: CheckResult, inputs: Inputs) -> None:
-        ctx.write_file_atomic(ctx.facts["env_file"], render(before.facts["values"]))
+        text = envfile_format.render_env_text(before.facts["values"])
+        ctx.write_file_atomic(ctx.facts["env_file"], text)
 
 
 STEP = EnvFile()
