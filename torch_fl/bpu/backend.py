@@ -24,6 +24,7 @@ from torch_fl.bpu import gradmode
 from torch_fl.bpu import report as reporting
 from torch_fl.bpu.build import PartitionSpec
 from torch_fl.bpu.lowering import apply_rewrites
+from torch_fl.bpu.lowering.resize import keep_interpolate_whole
 from torch_fl.bpu.partitioning import partition_graph
 from torch_fl.bpu.report import GraphReport, PartitionEntry
 from torch_fl.bpu.runtime.executors import hbm_runtime_available
@@ -143,10 +144,11 @@ def compile_inference(
         call = calls[name]
         sub = fused.get_submodule(name)
         sub_inputs = [n for n in sub.graph.nodes if n.op == "placeholder"]
+        # Parameters/buffers (static inputs) and constants folded at compile time (get_attr).
         frozen = tuple(
             i
             for i, a in enumerate(call.args)
-            if isinstance(a, fx.Node) and index_of.get(a) in static
+            if isinstance(a, fx.Node) and (index_of.get(a) in static or a.op == "get_attr")
         )
         runtime_positions = tuple(i for i in range(len(call.args)) if i not in frozen)
         output = next(n for n in sub.graph.nodes if n.op == "output")
@@ -189,6 +191,8 @@ def bpu_backend(gm: fx.GraphModule, example_inputs, options: dict[str, Any] | No
     """torch.compile backend "bpu"; `options` are documented in torch_fl.bpu.settings."""
     settings = resolve(options)
     grad = gradmode.plan(gm, example_inputs)
+    if grad.mode != gradmode.HOST_TRAINING:
+        keep_interpolate_whole(gm)
     inference = functools.partial(compile_inference, settings=settings, grad_mode=grad.mode)
     if grad.mode == gradmode.HOST_TRAINING:
         if settings.strict:

@@ -4,8 +4,12 @@ Two kinds of trouble come out of aot_autograd:
 - tuple-returning ops whose extra outputs nobody uses (`_native_batch_norm_legit_no_training`,
   `native_layer_norm`, `max_pool2d_with_indices`, `split` read piecewise -> slices): a tuple output is a partition boundary the
   BPU cannot express, and left alone it split ResNet-18 in two in the earlier backend;
-- ops the ONNX exporter has no symbolic for (`_softmax`, `_unsafe_view`, 2-D `t`).
-Each rewrite is semantically exact; a tuple op whose extra output is really used stays as it is.
+- ops the ONNX exporter has no symbolic for (`_softmax`, `_unsafe_view`, 2-D `t`), and `view`,
+  which the exporter re-runs on real strides (a `view` of a permuted tensor fails there, although
+  the graph is valid: the functional graph has no strides to respect, so `reshape` is the same).
+Fused attention/transformer kernels are decomposed first (`decompose`), then input-independent
+subgraphs are folded (`constants`). Each rewrite is semantically exact; a tuple op whose extra
+output is really used stays as it is.
 """
 
 from __future__ import annotations
@@ -15,6 +19,10 @@ from collections import Counter
 
 import torch
 from torch import fx
+
+from torch_fl.bpu.lowering import resize
+from torch_fl.bpu.lowering.constants import fold_constants
+from torch_fl.bpu.lowering.decompose import decompose
 
 aten = torch.ops.aten
 
@@ -88,6 +96,23 @@ def _split_to_slices(graph: fx.Graph, node: fx.Node) -> bool:
     return True
 
 
+def _unbind_to_selects(graph: fx.Graph, node: fx.Node) -> bool:
+    """unbind read only through getitem -> one select per piece (no tuple)."""
+    users = list(node.users)
+    if any(u.op != "call_function" or u.target is not operator.getitem for u in users):
+        return False
+    x = node.args[0]
+    dim = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim", 0)
+    for user in users:
+        with graph.inserting_before(user):
+            piece = graph.call_function(aten.select.int, (x, dim, user.args[1]))
+        piece.meta.update(user.meta)
+        user.replace_all_uses_with(piece)
+        graph.erase_node(user)
+    graph.erase_node(node)
+    return True
+
+
 def _rank(node: fx.Node) -> int | None:
     val = node.meta.get("val")
     return val.dim() if isinstance(val, torch.Tensor) else None
@@ -116,9 +141,15 @@ def _rewrite(graph: fx.Graph, node: fx.Node) -> str | None:
         node.target = new_target
         node.args = (x, dim)
         return "softmax" if new_target is aten.softmax.int else "log_softmax"
-    elif target is aten._unsafe_view.default:
+    elif target in (aten._unsafe_view.default, aten.view.default):
         node.target = aten.reshape.default
         return "reshape"
+    elif target is aten.unbind.int:
+        if _unbind_to_selects(graph, node):
+            return "unbind"
+    elif target is torch.ops.torch_fl_bpu.resize.default:
+        if resize.to_aten(node):
+            return "resize"
     elif target in (aten.split.Tensor, aten.split_with_sizes.default):
         if _split_to_slices(graph, node):
             return "split"
@@ -136,7 +167,10 @@ def _rewrite(graph: fx.Graph, node: fx.Node) -> str | None:
 
 def apply_rewrites(gm: fx.GraphModule) -> Counter:
     """Rewrite `gm` in place; return how many times each rewrite fired."""
-    fired: Counter = Counter()
+    fired: Counter = Counter(decompose(gm))
+    folded = fold_constants(gm)
+    if folded:
+        fired["constants_folded"] = folded
     for node in list(gm.graph.nodes):
         if node.op == "call_function":
             name = _rewrite(gm.graph, node)

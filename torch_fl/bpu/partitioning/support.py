@@ -57,6 +57,9 @@ _TABLE: dict[str, tuple] = {
         aten.amax,
     ),  # fmt: skip
     "softmax": (aten.softmax, aten.log_softmax),
+    "resample": (aten.upsample_bilinear2d, aten.upsample_nearest2d),
+    "select": (aten.where, aten.masked_fill),
+    "gather": (aten.index, aten.index_select, aten.gather, aten.embedding),
     "shape": (
         aten.view,
         aten.reshape,
@@ -72,11 +75,17 @@ _TABLE: dict[str, tuple] = {
         aten.alias,
         aten.select,
         aten.t,
+        aten.roll,
+        aten.constant_pad_nd,
+        aten.repeat,
     ),  # fmt: skip
 }
 _KIND_OF: dict = {packet: kind for kind, packets in _TABLE.items() for packet in packets}
 COMPUTE_KINDS = frozenset(kind for kind in _TABLE if kind != "shape")
 SUPPORTED_DTYPES = (torch.float32,)
+# Ops that read integer indices or a boolean condition/mask next to their float data.
+_INDEX_INPUT_KINDS = {"select", "gather"}
+_INDEX_DTYPES = (torch.int64, torch.int32, torch.bool)
 
 
 def op_kind(node: fx.Node) -> str | None:
@@ -125,6 +134,8 @@ def rejection_reason(node: fx.Node) -> str | None:
     for arg in node.all_input_nodes:
         aval = arg.meta.get("val")
         if isinstance(aval, torch.Tensor) and aval.dtype not in SUPPORTED_DTYPES:
+            if kind in _INDEX_INPUT_KINDS and aval.dtype in _INDEX_DTYPES:
+                continue
             return f"dtype: input {arg.name} is {aval.dtype}, the BPU path takes float32"
         if _has_symbolic(aval):
             return "symbolic shape: the BPU needs static shapes (compile with dynamic=False)"
