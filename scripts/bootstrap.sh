@@ -17,6 +17,8 @@ fi
 # torch first and pinned, so nothing later can resolve an unpinned (CUDA) torch.
 "$VENV/bin/python" -m pip install -q --disable-pip-version-check "torch==2.13.0"
 "$VENV/bin/python" -m pip install -q --disable-pip-version-check -r requirements.txt
+# Board-farm controller tools (labgrid, docs/farm.md) in their own venv, away from pytest; FARM=0 skips.
+if [ "${FARM:-1}" != 0 ]; then [ -x .venv-farm/bin/python ] || "$PYTHON" -m venv .venv-farm; .venv-farm/bin/python -m pip install -q --disable-pip-version-check -r requirements-farm.txt; fi
 # No build isolation: compile against the torch installed above.
 TORCH_DEVICE_BACKEND_AUTOLOAD=0 "$VENV/bin/invoke" build --accelerator "${ACCELERATOR:-bpu}"
 echo "bootstrap: done ($VENV)"

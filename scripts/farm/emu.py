@@ -10,7 +10,6 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,10 +28,9 @@ def free_port() -> int:
 
 
 def _binary(name: str) -> str:
-    local = Path(sys.executable).with_name(name)
-    if not local.is_file():
-        raise FarmError(f"{name} is missing: `.venv/bin/pip install -r requirements-farm.txt`")
-    return str(local)
+    from scripts.farm import tools
+
+    return tools.tool(name)
 
 
 @dataclass
@@ -168,3 +166,61 @@ class EmuFarm:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+class PrivateLab:
+    """A second, throwaway instance of the emulated board, booted from the lab's cached
+    kernel and root file system (never building them), with its own state directory.
+
+    Provisioning changes the guest (box64 upgraded, env file written); a private instance keeps
+    that away from a lab someone else is using, and stopping it restores nothing anyone needs.
+    """
+
+    def __init__(self, workdir: Path, page_size: str | None = None) -> None:
+        self.workdir = workdir
+        self.page_size = page_size
+        self.info = None
+        self._saved: str | None = None
+
+    def _enter_cache(self) -> None:
+        self._saved = os.environ.get("TORCH_FL_LAB_CACHE")
+        os.environ["TORCH_FL_LAB_CACHE"] = str(self.workdir)
+
+    def _leave_cache(self) -> None:
+        if self._saved is None:
+            os.environ.pop("TORCH_FL_LAB_CACHE", None)
+        else:
+            os.environ["TORCH_FL_LAB_CACHE"] = self._saved
+
+    def start(self):
+        from scripts import lab
+        from scripts.lab import cache, kernel, rootfs, vm
+
+        page_size = self.page_size or lab.DEFAULT_PAGE_SIZE
+        shared = cache.cache_root()
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        for product in shared.glob("*-*"):
+            if (product / cache.DONE_MARKER).is_file() and not product.name.startswith("apt"):
+                link = self.workdir / product.name
+                if not link.exists():
+                    link.symlink_to(product)
+        self._enter_cache()
+        try:
+            if kernel.cached(page_size) is None or rootfs.cached() is None:
+                raise FarmError(
+                    f"the lab's {page_size} kernel or root file system is not built yet in "
+                    f"{shared}: run `invoke lab.up` once (it builds and caches them)"
+                )
+            self.info, _ = vm.up(page_size, log=lambda msg: None)
+        finally:
+            self._leave_cache()
+        return self.info
+
+    def stop(self) -> None:
+        from scripts.lab import vm
+
+        self._enter_cache()
+        try:
+            vm.down()
+        finally:
+            self._leave_cache()

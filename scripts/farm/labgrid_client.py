@@ -11,9 +11,7 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import subprocess
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,15 +27,9 @@ class FarmError(RuntimeError):
 
 
 def client_binary() -> str:
-    """labgrid-client next to this interpreter (the venv), else on PATH."""
-    local = Path(sys.executable).with_name("labgrid-client")
-    found = str(local) if local.is_file() else shutil.which("labgrid-client")
-    if not found:
-        raise FarmError(
-            "labgrid is not installed: `.venv/bin/pip install -r requirements-farm.txt` "
-            "(or run scripts/bootstrap.sh)"
-        )
-    return found
+    from scripts.farm import tools
+
+    return tools.tool("labgrid-client")
 
 
 @dataclass
@@ -136,7 +128,9 @@ class LabgridClient:
 
     def resolve(self, place: str, timeout: float = 60.0) -> dict[str, Any]:
         """The place's resources (NetworkService, optional power/serial) via labgrid's API."""
-        argv = [sys.executable, "-m", "scripts.farm.resolve", place]
+        from scripts.farm import tools
+
+        argv = [tools.python(), "-m", "scripts.farm.resolve", place]
         root = str(Path(__file__).resolve().parents[2])
         env = self._environ()
         env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)

@@ -23,8 +23,13 @@ FAST_STEPS = "steps:\n  skip: [x86_python, vendor_runtime, build_verify]\n"
 
 @pytest.fixture(autouse=True)
 def _labgrid_installed():
-    if not Path(sys.executable).with_name("labgrid-coordinator").is_file():
-        pytest.fail("labgrid is not installed: .venv/bin/pip install -r requirements-farm.txt")
+    from scripts.farm import tools
+    from scripts.farm.labgrid_client import FarmError
+
+    try:
+        tools.tool("labgrid-coordinator")
+    except FarmError as exc:
+        pytest.fail(str(exc))
 
 
 def pytest_sessionfinish(session, exitstatus):

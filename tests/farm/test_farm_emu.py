@@ -1,0 +1,84 @@
+"""farm-emu: the whole farm path with no hardware. A labgrid coordinator on 127.0.0.1, one
+exporter with two places (the emulated 64 KB-page aarch64 board and a loopback-sshd x86_64
+"board"), then provisioning and an on-board lane on both at once."""
+
+from __future__ import annotations
+
+import json
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+from conftest import farm_yaml
+
+from scripts import lab as lab_pkg
+from scripts.farm.emu import Board, PrivateLab
+
+EXPECTED_PAGE = {"16k": "16384", "64k": "65536"}[lab_pkg.DEFAULT_PAGE_SIZE]
+
+
+@pytest.fixture
+def private_lab(tmp_path: Path):
+    ok, why = lab_pkg.capability()
+    if not ok:
+        pytest.fail(f"the farm-emu lane needs the board lab: {why}")
+    lab = PrivateLab(tmp_path / "lab")
+    try:
+        yield lab.start()
+    finally:
+        lab.stop()
+
+
+def _overlap(a: dict, b: dict) -> bool:
+    return a["started"] < b["finished"] and b["started"] < a["finished"]
+
+
+def test_lab_and_x86_board_provision_and_test_in_parallel(
+    private_lab, ssh_boards, farm_factory, farm_cli, tmp_path
+):
+    lab = private_lab
+    server = ssh_boards.add("x86")
+    farm = farm_factory(
+        [
+            Board("rdk-emu", "127.0.0.1", lab.port, "root",
+                  {"board": "rdk-emu", "arch": "aarch64", "pagesize": EXPECTED_PAGE}),
+            ssh_boards.board(server, "x86-emu", board="x86-emu"),
+        ]
+    )  # fmt: skip
+    known = ssh_boards.known_hosts(extra=lab.known_hosts.read_text())
+    cfg = farm_yaml(
+        tmp_path / "farm.yaml",
+        farm,
+        {"rdk-emu": {"identity": str(lab.identity)}, "x86-emu": {"identity": str(server.user_key)}},
+        known,
+    )
+    out = tmp_path / "out"
+    res = farm_cli(
+        "test", "--farm-config", str(cfg), "--place", "rdk-emu,x86-emu",
+        "--lane", "board-smoke", "--matrix-file", "tests/farm_board/matrix.yaml",
+        "--setup", "kit", "--out", str(out), timeout=1500,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-2000:]
+    doc = json.loads((out / "farm.json").read_text())
+    places = {p["place"]: p for p in doc["places"]}
+    assert set(places) == {"rdk-emu", "x86-emu"}
+    assert _overlap(places["rdk-emu"]["provision"], places["x86-emu"]["provision"]), places
+    facts = {name: (p["facts"]["arch"], str(p["facts"]["pagesize"])) for name, p in places.items()}
+    assert facts == {"rdk-emu": ("aarch64", EXPECTED_PAGE), "x86-emu": ("x86_64", "4096")}
+    caps = {
+        n: (p["capabilities"]["arch"], str(p["capabilities"]["page_size"]))
+        for n, p in places.items()
+    }
+    assert caps == facts, "the lanes' own detection must agree with provisioning's facts"
+    assert all(r["verdict"] == "ok" and r["buckets"]["passed"] == 3 for r in doc["rows"]), doc[
+        "rows"
+    ]
+    suites = {s.get("name"): s for s in ET.parse(out / "junit.xml").getroot().iter("testsuite")}
+    assert {"rdk-emu:board-smoke", "x86-emu:board-smoke"} <= set(suites)
+    lab_props = {
+        p.get("name"): p.get("value") for p in suites["rdk-emu:board-smoke"].iter("property")
+    }
+    assert lab_props["fact.arch"] == "aarch64" and lab_props["fact.pagesize"] == EXPECTED_PAGE
+    assert farm.client.reservations() == []
+    for name in ("rdk-emu", "x86-emu"):
+        assert "acquired: None" in farm.client.show(name)
