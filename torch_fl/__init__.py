@@ -30,7 +30,7 @@ def _register_device() -> None:
     if torch._C._get_privateuse1_backend_name() != DEVICE_TYPE:
         torch.utils.rename_privateuse1_backend(DEVICE_TYPE)
     if not hasattr(torch, DEVICE_TYPE):
-        torch._register_device_module(DEVICE_TYPE, _device_module)
+        torch._register_device_module(DEVICE_TYPE, _device_module.as_torch_module())
     if not hasattr(torch.Tensor, "is_flagos"):
         torch.utils.generate_methods_for_privateuse1_backend(
             for_tensor=True, for_module=True, for_packed_sequence=True, for_storage=True

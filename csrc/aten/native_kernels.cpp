@@ -10,6 +10,9 @@
 #include <ATen/ops/view_native.h>
 #include <torch/library.h>
 
+#include <initializer_list>
+#include <utility>
+
 #include "aten/cpu_alias.h"
 #include "runtime/caching_allocator.h"
 #include "runtime/device_guard.h"
@@ -146,11 +149,25 @@ at::Tensor maybe_to_device(const at::Tensor& t, c10::Device device) {
   return t.defined() ? to_device_result(t, device) : t;
 }
 
+// The same device rule as the CPU fallback (cpu_fallback.cpp): convolution has no CPU scalars.
+void check_on_device(const char* op, std::initializer_list<std::pair<const char*, const at::Tensor*>> args) {
+  for (const auto& [name, t] : args) {
+    TORCH_CHECK(!t->defined() || is_flagos(*t),
+                "Expected all tensors to be on the same device, but found at least two devices, ",
+                c10::Device(c10::DeviceType::PrivateUse1, current_device()), " and ", t->device(),
+                "! (", op, ": argument '", name, "' is a ", t->dim(), "-dim tensor on ",
+                t->device(), "; move it with .to('flagos'), or the others with .cpu())");
+  }
+}
+
 at::Tensor convolution_overrideable(const at::Tensor& input, const at::Tensor& weight,
                                     const std::optional<at::Tensor>& bias, at::IntArrayRef stride,
                                     at::IntArrayRef padding, at::IntArrayRef dilation,
                                     bool transposed, at::IntArrayRef output_padding,
                                     int64_t groups) {
+  const at::Tensor no_bias;
+  check_on_device("aten::convolution_overrideable",
+                  {{"input", &input}, {"weight", &weight}, {"bias", bias ? &*bias : &no_bias}});
   at::Tensor out = at::convolution(cpu_operand(input), cpu_operand(weight), cpu_optional(bias),
                                    stride, padding, dilation, transposed, output_padding, groups);
   return to_device_result(out, input.device());
@@ -160,6 +177,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> convolution_backward_overrideable
     const at::Tensor& grad_output, const at::Tensor& input, const at::Tensor& weight,
     at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation, bool transposed,
     at::IntArrayRef output_padding, int64_t groups, std::array<bool, 3> output_mask) {
+  check_on_device("aten::convolution_backward_overrideable",
+                  {{"grad_output", &grad_output}, {"input", &input}, {"weight", &weight}});
   std::vector<int64_t> bias_sizes;
   if (output_mask[2]) {
     bias_sizes.push_back(transposed ? weight.size(1) * groups : weight.size(0));
