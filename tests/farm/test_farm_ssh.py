@@ -174,3 +174,32 @@ def test_lanes_on_a_board_merge_into_one_report(ssh_boards, farm_factory, farm_c
     props = {p.get("name"): p.get("value") for p in suites["b0:board-smoke"].iter("property")}
     assert props["fact.arch"] == "x86_64" and props["fact.pagesize"] == "4096", props
     assert farm.client.reservations() == []
+
+
+def test_ctrl_c_gives_back_the_place(ssh_boards, farm_factory, tmp_path):
+    import signal
+    import subprocess
+    import sys
+
+    server = ssh_boards.add("s0")
+    farm = farm_factory([ssh_boards.board(server, "b0")])
+    cfg = farm_yaml(
+        tmp_path / "farm.yaml", farm, {"b0": {"identity": str(server.user_key)}},
+        ssh_boards.known_hosts(),
+    )  # fmt: skip
+    argv = [sys.executable, "-m", "invoke", "farm.test", "--farm-config", str(cfg), "--place",
+            "b0", "--lane", "board-smoke", "--matrix-file", "tests/farm_board/matrix.yaml",
+            "--setup", "kit", "--no-provision", "--out", str(tmp_path / "out")]  # fmt: skip
+    proc = subprocess.Popen(argv, cwd=Path(__file__).resolve().parents[2],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and "acquired: None" in farm.client.show("b0"):
+        time.sleep(0.2)
+    assert "acquired: None" not in farm.client.show("b0"), "the place was never acquired"
+    proc.send_signal(signal.SIGINT)
+    output, _ = proc.communicate(timeout=120)
+    print(output)
+    assert proc.returncode != 0
+    assert "gave back b0" in output
+    assert "acquired: None" in farm.client.show("b0")
+    assert farm.client.reservations() == []
