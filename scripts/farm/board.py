@@ -22,6 +22,7 @@ import subprocess
 import tarfile
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -88,9 +89,9 @@ def kit_tarball() -> tuple[bytes, list[str]]:
                 # compiled modules belong to the controller's CPU and Python; byte code is rebuilt
                 if "__pycache__" in parts or file.suffix in (".so", ".pyd", ".pyc"):
                     continue
-                if parts[0].endswith(".dist-info") or parts[0] == ".." or file.is_absolute():
-                    if not parts[0].endswith(".dist-info"):
-                        continue
+                # console scripts live outside site-packages (../../bin): the kit runs modules
+                if parts[0] == ".." or file.is_absolute():
+                    continue
                 path = Path(str(file.locate()))
                 if path.is_file():
                     tar.add(path, arcname=str(file), recursive=False)
@@ -100,7 +101,7 @@ def kit_tarball() -> tuple[bytes, list[str]]:
 class Board:
     """One board's working directory and the commands run there."""
 
-    def __init__(self, target: Target, log: Path, echo=print) -> None:
+    def __init__(self, target: Target, log: Path, echo: Callable[[str], None] = print) -> None:
         self.target = target
         self.log = log
         self.echo = echo

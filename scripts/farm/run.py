@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -55,7 +56,7 @@ class _Printer:
     def __init__(self) -> None:
         self.lock = threading.Lock()
 
-    def echo_for(self, name: str):
+    def echo_for(self, name: str) -> Callable[[str], None]:
         def echo(msg: str) -> None:
             with self.lock:
                 for line in str(msg).splitlines() or [""]:
@@ -113,7 +114,11 @@ def _ssh_target(job: FarmJob, host: HostJob) -> SshTarget:
 
 
 def _work_on_place(
-    job: FarmJob, outcome: PlaceOutcome, client: LabgridClient, place: str, echo
+    job: FarmJob,
+    outcome: PlaceOutcome,
+    client: LabgridClient,
+    place: str,
+    echo: Callable[[str], None],
 ) -> None:
     info = client.resolve(place)
     outcome.tags, outcome.power, outcome.serial = info["tags"], info["power"], info["serial"]
@@ -185,7 +190,9 @@ def _work_on_place(
         outcome.infra(f"lanes: {problem}")
 
 
-def _run_request(job: FarmJob, request: Request, holdings: _Holdings, echo) -> PlaceOutcome:
+def _run_request(
+    job: FarmJob, request: Request, holdings: _Holdings, echo: Callable[[str], None]
+) -> PlaceOutcome:
     outcome = PlaceOutcome(label=request.label, started=time.time())
     client = LabgridClient(job.settings.coordinator, env=job.client_env)
     token: str | None = None
