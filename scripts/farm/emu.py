@@ -42,6 +42,7 @@ class Board:
     port: int
     username: str
     tags: dict[str, str]
+    extra: dict | None = None  # more resources of the group, e.g. a NetworkPowerPort
 
 
 class _Process:
@@ -94,7 +95,8 @@ class EmuFarm:
     def exporter_config(self) -> str:
         groups = {
             b.name: {
-                "NetworkService": {"address": b.address, "port": b.port, "username": b.username}
+                "NetworkService": {"address": b.address, "port": b.port, "username": b.username},
+                **(b.extra or {}),
             }
             for b in self.boards
         }

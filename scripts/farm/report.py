@@ -40,6 +40,7 @@ class PlaceOutcome:
     started: float = 0.0
     finished: float = 0.0
     released: bool = False
+    power_cycled: bool = False
 
     @property
     def name(self) -> str:
@@ -163,6 +164,7 @@ def _add_properties(suite: ET.Element, outcome: PlaceOutcome) -> None:
     values = {f"fact.{k}": outcome.facts.get(k) for k in FACT_KEYS}
     values.update({f"tag.{k}": v for k, v in outcome.tags.items()})
     values.update(place=outcome.place, power=outcome.power, serial=outcome.serial)
+    values["power_cycled"] = outcome.power_cycled
     for key, value in values.items():
         if value not in (None, ""):
             ET.SubElement(props, "property", name=key, value=str(value))
@@ -201,6 +203,7 @@ def write(
                 "started": round(o.started, 3),
                 "finished": round(o.finished, 3),
                 "released": o.released,
+                "power_cycled": o.power_cycled,
                 "junit": o.junit,
                 "logs": o.logs,
             }

@@ -15,6 +15,7 @@ from provision import facts as facts_mod
 from provision.multihost import HostJob, provision_host, slug
 from provision.steps import Options
 from provision.target import HostSpec, SshTarget, TargetError
+from scripts.farm import power
 from scripts.farm.board import Board, BoardError
 from scripts.farm.labgrid_client import FarmError, LabgridClient
 from scripts.farm.report import (
@@ -49,6 +50,7 @@ class FarmJob:
     insecure_host_key: bool = False
     reserve_timeout_s: float = 300.0
     lane_timeout_s: float = 3600.0
+    boot_timeout_s: float = 300.0  # after a power cycle
     client_env: dict[str, str] = field(default_factory=dict)
 
 
@@ -130,6 +132,16 @@ def _work_on_place(
         outcome.infra(f"place {place}: its NetworkService is unavailable (exporter down?)")
         return
     outcome.network = net
+    if not power.answers(net["address"], int(net["port"])) and info["power"]:
+        outcome.power_cycled = True
+        if not power.recover(
+            client, place, net["address"], int(net["port"]), job.boot_timeout_s, echo
+        ):
+            outcome.infra(
+                f"place {place} did not answer on SSH, not even {job.boot_timeout_s:.0f}s "
+                "after a power cycle"
+            )
+            return
     echo(
         f"held; ssh {net['username']}@{net['address']}:{net['port']}"
         f"{'; power control' if info['power'] else ''}{'; serial console' if info['serial'] else ''}"

@@ -36,11 +36,13 @@ _COMMON_HELP = {
     "insecure-host-key": "accept unknown SSH host keys (throwaway test boards only)",
     "reserve-timeout": "seconds to wait for a free place before giving up (default 300)",
     "out": "report directory (default out/farm)",
+    "boot-timeout": "seconds a power-cycled board gets to answer on SSH (default 300)",
 }
 
 
 def _job(c, *, mode, coordinator, place, tag, count, farm_config, config, only, skip,
-         artifacts, insecure_host_key, reserve_timeout, out, **extra):  # fmt: skip
+         artifacts, insecure_host_key, reserve_timeout, out, boot_timeout=None,
+         **extra):  # fmt: skip
     from provision import config as config_mod
     from provision import plan
     from provision.steps import Options
@@ -60,6 +62,9 @@ def _job(c, *, mode, coordinator, place, tag, count, farm_config, config, only, 
         timeout = float(reserve_timeout) if reserve_timeout is not None else 300.0
         if timeout <= 0:
             raise ValueError("--reserve-timeout must be > 0 seconds")
+        boot = float(boot_timeout) if boot_timeout is not None else 300.0
+        if boot <= 0:
+            raise ValueError("--boot-timeout must be > 0 seconds")
     except (ValueError, config_mod.ConfigError) as exc:
         raise Exit(f"farm.{mode}: {exc}", code=2) from None
     return FarmJob(
@@ -73,6 +78,7 @@ def _job(c, *, mode, coordinator, place, tag, count, farm_config, config, only, 
         options=Options(artifacts=art),
         insecure_host_key=insecure_host_key,
         reserve_timeout_s=timeout,
+        boot_timeout_s=boot,
         **extra,
     )
 
@@ -88,11 +94,12 @@ def _finish(job) -> None:
 @task(iterable=["place", "tag"], help=_COMMON_HELP)
 def provision(c, coordinator=None, place=None, tag=None, count=None, farm_config=None,
               config=None, only=None, skip=None, artifacts=None, insecure_host_key=False,
-              reserve_timeout=None, out=None):  # fmt: skip
+              reserve_timeout=None, out=None, boot_timeout=None):  # fmt: skip
     """Reserve places and provision each board over SSH, in parallel."""
     job = _job(c, mode="provision", coordinator=coordinator, place=place, tag=tag, count=count,
                farm_config=farm_config, config=config, only=only, skip=skip, artifacts=artifacts,
-               insecure_host_key=insecure_host_key, reserve_timeout=reserve_timeout, out=out)  # fmt: skip
+               insecure_host_key=insecure_host_key, reserve_timeout=reserve_timeout, out=out,
+               boot_timeout=boot_timeout)  # fmt: skip
     _finish(job)
 
 
@@ -111,7 +118,7 @@ def provision(c, coordinator=None, place=None, tag=None, count=None, farm_config
 def test(c, lane=None, coordinator=None, place=None, tag=None, count=None, farm_config=None,
          config=None, only=None, skip=None, artifacts=None, insecure_host_key=False,
          reserve_timeout=None, out=None, matrix_file="matrix.yaml", setup="bootstrap",
-         board_python=None, no_provision=False, lane_timeout=None):  # fmt: skip
+         board_python=None, no_provision=False, lane_timeout=None, boot_timeout=None):  # fmt: skip
     """Reserve places, provision each board, run lanes on it, merge every board's results."""
     from scripts.farm.board import SETUP_MODES
 
@@ -134,7 +141,7 @@ def test(c, lane=None, coordinator=None, place=None, tag=None, count=None, farm_
     job = _job(c, mode="test", coordinator=coordinator, place=place, tag=tag, count=count,
                farm_config=farm_config, config=config, only=only, skip=skip, artifacts=artifacts,
                insecure_host_key=insecure_host_key, reserve_timeout=reserve_timeout, out=out,
-               provision=not no_provision, lanes=lanes, matrix_file=matrix_file, setup=setup,
+               boot_timeout=boot_timeout, provision=not no_provision, lanes=lanes, matrix_file=matrix_file, setup=setup,
                board_python=board_python,
                lane_timeout_s=float(lane_timeout) if lane_timeout else 3600.0)  # fmt: skip
     _finish(job)
