@@ -12,6 +12,7 @@ provisioning and the test matrix load it by file (provision/light.py).
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -28,26 +29,39 @@ def env_file_path() -> Path:
     return Path(base) / "torch-fl" / "env"
 
 
+REPAIR = "fix the line or re-run `invoke provision --only envfile`"
+
+
+def _parse_line(raw: str) -> tuple[str, str] | None | str:
+    """(key, value), None for a blank/comment line, or a problem description."""
+    line = raw.strip()
+    if not line or line.startswith("#"):
+        return None
+    if line.startswith("export "):
+        line = line[len("export ") :].strip()
+    key, sep, value = line.partition("=")
+    key = key.strip()
+    if not sep or not key.isidentifier():
+        return f"expected KEY=VALUE, got {raw!r}"
+    value = value.strip()
+    if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
+        value = value[1:-1]
+    return key, value
+
+
 def parse_env_text(text: str, source: str = "<env file>") -> dict[str, str]:
-    """Parse `KEY=VALUE` lines; `#` starts a comment; surrounding quotes are stripped."""
+    """Parse `KEY=VALUE` lines; `#` starts a comment; surrounding quotes are stripped.
+
+    Strict: the first bad line raises ValueError naming `source`, the line and the fix
+    (provisioning uses this to decide that a file must be rewritten).
+    """
     values: dict[str, str] = {}
     for lineno, raw in enumerate(text.splitlines(), start=1):
-        line = raw.strip()
-        if not line or line.startswith("#"):
-            continue
-        if line.startswith("export "):
-            line = line[len("export ") :].strip()
-        key, sep, value = line.partition("=")
-        key = key.strip()
-        if not sep or not key.isidentifier():
-            raise ValueError(
-                f"{source}:{lineno}: expected KEY=VALUE, got {raw!r}; "
-                "fix the line or re-run `invoke provision --only envfile`"
-            )
-        value = value.strip()
-        if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
-            value = value[1:-1]
-        values[key] = value
+        parsed = _parse_line(raw)
+        if isinstance(parsed, str):
+            raise ValueError(f"{source}:{lineno}: {parsed}; {REPAIR}")
+        if parsed is not None:
+            values[parsed[0]] = parsed[1]
     return values
 
 
@@ -64,7 +78,7 @@ def render_env_text(values: Mapping[str, str], header: str = HEADER) -> str:
 
 
 def load_env_file(path: Path | None = None) -> dict[str, str]:
-    """Read the env file; a missing file is an empty configuration, not an error."""
+    """Read the env file strictly; a missing file is an empty configuration, not an error."""
     target = path or env_file_path()
     try:
         text = target.read_text(encoding="utf-8")
@@ -73,11 +87,78 @@ def load_env_file(path: Path | None = None) -> dict[str, str]:
     return parse_env_text(text, source=str(target))
 
 
+_warned: set[tuple] = set()
+
+
+def _warn_once(path: Path, stamp: tuple, message: str) -> None:
+    key = (str(path), stamp, message)
+    if key in _warned:
+        return
+    _warned.add(key)
+    warnings.warn(f"torch_fl: {message}", RuntimeWarning, stacklevel=4)
+
+
+def read_env_file(path: Path | None = None) -> dict[str, tuple[str, int]]:
+    """Lenient read for every program that imports torch: {KEY: (value, line number)}.
+
+    Whatever the file holds (bad lines, non-UTF-8 bytes, binary data, a directory in its place)
+    this never raises: it warns once per file state, naming the file and line and the fix, and
+    keeps every good line.
+    """
+    target = path or env_file_path()
+    try:
+        stat = target.stat()
+        data = target.read_bytes()
+    except FileNotFoundError:
+        return {}
+    except OSError as exc:
+        kind = "is a directory" if target.is_dir() else f"cannot be read ({exc.strerror})"
+        _warn_once(
+            target,
+            (),
+            f"env file {target} {kind}; ignoring it. Fix: remove it or re-run "
+            "`invoke provision --only envfile`",
+        )
+        return {}
+    values: dict[str, tuple[str, int]] = {}
+    problems: list[str] = []
+    for lineno, raw_bytes in enumerate(data.splitlines(), start=1):
+        try:
+            raw = raw_bytes.decode("utf-8")
+        except UnicodeDecodeError:
+            problems.append(f"{target}:{lineno}: not UTF-8 text")
+            continue
+        parsed = _parse_line(raw)
+        if isinstance(parsed, str):
+            problems.append(f"{target}:{lineno}: {parsed[:120]}")
+        elif parsed is not None:
+            values[parsed[0]] = (parsed[1], lineno)
+    if problems:
+        more = f" (and {len(problems) - 1} more bad line(s))" if len(problems) > 1 else ""
+        _warn_once(
+            target,
+            (stat.st_mtime_ns, stat.st_size),
+            f"{problems[0]}{more}; ignoring bad lines. Fix: {REPAIR}",
+        )
+    return values
+
+
+def lookup(name: str) -> tuple[str | None, str]:
+    """(value, where it came from): `$NAME`, `<env file>:<line>`, or (None, "") when unset."""
+    if name in os.environ:
+        return os.environ[name], f"${name}"
+    path = env_file_path()
+    found = read_env_file(path).get(name)
+    if found is None:
+        return None, ""
+    return found[0], f"{path}:{found[1]}"
+
+
 def get(name: str, default: str | None = None) -> str | None:
     """A setting: the real environment first, then the env file, then `default`.
 
     Read at call time (not import time) so a changed environment or file takes effect at once.
+    A malformed env file never raises here (see `read_env_file`).
     """
-    if name in os.environ:
-        return os.environ[name]
-    return load_env_file().get(name, default)
+    value, _ = lookup(name)
+    return default if value is None else value

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import base64
 import shlex
+import time
 
 from provision import facts as facts_mod
 from provision import light
@@ -52,13 +54,36 @@ class EnvFile:
             values["FLAGOS_BPU_UCP_LIB"] = inputs.vendor_runtime.ucp_lib
         return values
 
+    def _read(self, ctx: Context, path: str) -> tuple[str, str]:
+        """(state, text): state is `missing`, `file` or `other` (a directory, a socket...).
+
+        The bytes travel base64-encoded: the file may hold anything, and a shell round trip of
+        non-UTF-8 bytes would fail to decode here before it could be repaired.
+        """
+        quoted = shlex.quote(path)
+        rc, out, _ = ctx.sh(
+            f"if [ -f {quoted} ]; then echo file; base64 < {quoted}; "
+            f"elif [ -e {quoted} ] || [ -L {quoted} ]; then echo other; else echo missing; fi"
+        )
+        state, _, encoded = out.partition("\n")
+        if rc != 0 or state not in ("file", "other", "missing"):
+            return "other", ""
+        if state != "file":
+            return state, ""
+        try:
+            return "file", base64.b64decode("".join(encoded.split())).decode("utf-8")
+        except (ValueError, UnicodeDecodeError):
+            return "file", "\ufffd"  # not UTF-8 text: parse_env_text rejects it below
+
     def check(self, ctx: Context, inputs: Inputs) -> CheckResult:
         path = ctx.facts["env_file"]
         want = self.desired(ctx, inputs)
-        rc, out, _ = ctx.sh(f"cat {shlex.quote(path)} 2>/dev/null")
-        facts = {"path": path, "values": want}
-        if rc != 0:
+        state, out = self._read(ctx, path)
+        facts = {"path": path, "values": want, "state": state}
+        if state == "missing":
             return CheckResult(NEEDED, facts, f"{path} missing")
+        if state == "other":
+            return CheckResult(NEEDED, facts, f"{path} is not a regular file: will move it aside")
         try:
             # torch_fl's own reader: a file it would refuse is rewritten, not left to fail later
             have = envfile_format.parse_env_text(out, source=path)
@@ -71,8 +96,17 @@ class EnvFile:
         return CheckResult(OK, facts, f"{path} up to date ({len(want)} settings)")
 
     def apply(self, ctx: Context, before: CheckResult, inputs: Inputs) -> None:
+        path = ctx.facts["env_file"]
+        if before.facts.get("state") == "other":
+            # A directory (or socket...) in the file's place: keep it under another name rather
+            # than delete what a user may have put there, then write the file.
+            aside = f"{path}.replaced-{time.strftime('%Y%m%d-%H%M%S')}"
+            rc, _, err = ctx.sh(f"mv -f {shlex.quote(path)} {shlex.quote(aside)}")
+            if rc != 0:
+                raise StepError(f"{path} is not a regular file and moving it aside failed: {err}")
+            ctx.echo(f"moved {path} (not a regular file) to {aside}")
         text = envfile_format.render_env_text(before.facts["values"])
-        ctx.write_file_atomic(ctx.facts["env_file"], text)
+        ctx.write_file_atomic(path, text)
 
 
 STEP = EnvFile()
