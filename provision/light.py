@@ -15,19 +15,25 @@ from pathlib import Path
 from types import ModuleType
 
 PACKAGE_DIR = Path(__file__).resolve().parents[1] / "torch_fl"
-LIGHT = ("targets", "atomic", "envfile")
+LIGHT = ("targets", "atomic", "envfile", "bpu.drivers.hbdk4_guest")
+
+
+def path_of(name: str) -> Path:
+    """The file of torch_fl.<name> (one of LIGHT); hbdk4_guest is also shipped to targets."""
+    if name not in LIGHT:
+        raise ValueError(f"torch_fl.{name} is not a standard-library-only module ({LIGHT})")
+    return PACKAGE_DIR.joinpath(*name.split(".")).with_suffix(".py")
 
 
 def load(name: str) -> ModuleType:
     """torch_fl.<name> (one of LIGHT) without executing torch_fl/__init__.py."""
-    if name not in LIGHT:
-        raise ValueError(f"torch_fl.{name} is not a standard-library-only module ({LIGHT})")
+    path = path_of(name)
     real = sys.modules.get(f"torch_fl.{name}")
     if real is not None:
         return real
     alias = f"_torch_fl_light.{name}"
     if alias not in sys.modules:
-        spec = importlib.util.spec_from_file_location(alias, PACKAGE_DIR / f"{name}.py")
+        spec = importlib.util.spec_from_file_location(alias, path)
         assert spec is not None and spec.loader is not None
         module = importlib.util.module_from_spec(spec)
         sys.modules[alias] = module

@@ -2,8 +2,8 @@
 
 Under box64, real numba (llvmlite's JIT) segfaults and torch costs hundreds of MB, yet hbdk4
 imports both at module scope (numba for a path standard ONNX graphs never call, torch for
-isinstance checks). So on emulated targets those two are replaced by import shims and
-everything else hbdk4 requires is installed for real.
+isinstance checks). So on emulated targets those are served by import shims
+(torch_fl/bpu/drivers/hbdk4_guest.py) and everything else hbdk4 requires is installed for real.
 """
 
 from __future__ import annotations
@@ -12,43 +12,11 @@ import re
 import zipfile
 from pathlib import Path
 
+from provision import light
 from provision.artifacts import sha256_of
 
-SHIMMED = {"numba", "llvmlite", "torch"}
-
-NUMBA_SHIM = '''"""torch-fl import shim for numba under box64 (real numba's JIT segfaults there).
-
-hbdk4 imports numba unconditionally; graphs exported from standard ONNX ops never call it.
-Anything that does call into it fails loudly instead of crashing the emulator.
-"""
-
-
-def _unavailable(*args, **kwargs):
-    raise RuntimeError("numba is a torch-fl import shim under box64; this path needs real numba")
-
-
-jit = njit = vectorize = guvectorize = cfunc = generated_jit = _unavailable
-__version__ = "0.0.0+torchfl.shim"
-'''
-
-TORCH_SHIM = '''"""torch-fl import shim for torch under box64: hbdk4 only uses it for isinstance checks."""
-
-
-class Tensor:  # isinstance(x, torch.Tensor) is False for everything hbdk4 sees from ONNX
-    pass
-
-
-class nn:  # noqa: N801 - mirrors torch.nn for attribute lookups
-    class Module:
-        pass
-
-
-def __getattr__(name):
-    raise AttributeError(f"torch.{name}: torch is a torch-fl import shim under box64")
-
-
-__version__ = "0.0.0+torchfl.shim"
-'''
+# Served by the import shims of torch_fl/bpu/drivers/hbdk4_guest.py, so never installed.
+SHIMMED = set(light.load("bpu.drivers.hbdk4_guest").SHIMMED)
 
 
 def normalize(name: str) -> str:

@@ -7,7 +7,7 @@ import shlex
 from pathlib import Path
 from typing import Any
 
-from provision import artifacts, wheels
+from provision import artifacts, light, wheels
 from provision.context import Context
 from provision.results import NEEDED, OK, CheckResult, Inputs, StepError, X86PythonFound
 from provision.steps.prereqs import apt_install
@@ -15,17 +15,10 @@ from provision.steps.prereqs import apt_install
 MARKER = ".complete.json"
 NO_HBDK4 = "hbdk4 not provided: compiled partitions will run on the host"
 _ID_SNIPPET = "import platform,sys; print('TFL_PY', platform.machine(), platform.python_version())"
-HBDK4_SNIPPET = r"""
-import ctypes, glob, importlib.util, os
-spec = importlib.util.find_spec("hbdk4")
-roots = list(spec.submodule_search_locations or []) if spec else []
-# hbdk4's _hbdk*.so uses libhbtl symbols without listing it as a dependency: preload it globally.
-for root in roots:
-    for lib in sorted(glob.glob(os.path.join(root, "**", "libhbtl*.so*"), recursive=True))[:1]:
-        ctypes.CDLL(lib, mode=ctypes.RTLD_GLOBAL)
-import hbdk4.compiler
-print("TFL_HBDK4", getattr(hbdk4.compiler, "__version__", getattr(hbdk4, "__version__", "?")))
-"""
+# What the compile worker does before `import hbdk4.compiler` (shims, libhbtl preload); shipped
+# to the target to prove the import the same way.
+GUEST = light.path_of("bpu.drivers.hbdk4_guest")
+SHIMS_PTH = "torch_fl_hbdk4_shims.pth"
 
 
 def root_dir(ctx: Context) -> str:
@@ -219,7 +212,7 @@ class X86Python:
             cmd = f"set -e; {pip} --no-deps {files}"
             if install:
                 cmd += "; " + pip + " " + " ".join(shlex.quote(r) for r in sorted(set(install)))
-            self.write_shims(ctx, run, python)
+            self.install_shims(ctx, run, python)
             ctx.echo(f"  [x86_python] import shims replace: {sorted(set(shimmed)) or 'none'}")
         else:
             cmd = f"{pip} {files}"
@@ -227,7 +220,10 @@ class X86Python:
         if rc != 0:
             raise StepError(f"installing the hbdk4 wheels failed; see {log}")
         timeout = float(ctx.config["x86_python"]["import_timeout_s"])
-        rc, out, err = ctx.sh(f"{run} -c {shlex.quote(HBDK4_SNIPPET)}", timeout=timeout)
+        guest = f"{root}/{GUEST.name}"
+        ctx.target.put(GUEST, guest)
+        check = f"{run} {shlex.quote(guest)} check {int(emulated(ctx))} {shlex.quote(libs)}"
+        rc, out, err = ctx.sh(check, timeout=timeout)
         for line in out.splitlines():
             if line.startswith("TFL_HBDK4 "):
                 return line.split(" ", 1)[1].strip()
@@ -236,18 +232,19 @@ class X86Python:
             f"(rc {rc}): {(out + err).strip()[-600:]}"
         )
 
-    def write_shims(self, ctx: Context, run: str, python: str) -> None:
+    def install_shims(self, ctx: Context, run: str, python: str) -> None:
+        """hbdk4_guest.py into site-packages, enabled at interpreter start by a .pth line: anyone
+        importing hbdk4 with this Python gets the shims, as the compile worker does."""
         rc, out, err = ctx.sh(
             f"{run} -c " + shlex.quote("import sysconfig; print(sysconfig.get_paths()['purelib'])")
         )
         site = out.strip().splitlines()[-1] if rc == 0 and out.strip() else ""
         if not site:
             raise StepError(f"cannot find site-packages of {python}: {err.strip()[-300:]}")
-        for pkg, text in (("numba", wheels.NUMBA_SHIM), ("torch", wheels.TORCH_SHIM)):
-            ctx.work_dir.mkdir(parents=True, exist_ok=True)
-            local = ctx.work_dir / f"shim-{pkg}.py"
-            local.write_text(text, encoding="utf-8")
-            ctx.target.put(local, f"{site}/{pkg}/__init__.py")
+        ctx.target.put(GUEST, f"{site}/{GUEST.name}")
+        ctx.write_file_atomic(
+            f"{site}/{SHIMS_PTH}", "import hbdk4_guest; hbdk4_guest.install_shims()\n"
+        )
 
 
 STEP = X86Python()
