@@ -9,12 +9,15 @@ for the next compilation without restarting Python.
 from __future__ import annotations
 
 import dataclasses
+import math
+import numbers
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from torch_fl import envfile
+from torch_fl.bpu.errors import BpuError
 from torch_fl.targets import MARCHES
 
 EXECUTORS = ("auto", "hbm", "sim", "eager")
@@ -26,7 +29,7 @@ REPORT_FORMATS = ("none", "table", "json")
 COMPILE_ARTIFACT = ("auto", "always", "never")
 
 
-class SettingsError(ValueError):
+class SettingsError(BpuError, ValueError):
     """An unknown option or a value the backend cannot use."""
 
 
@@ -72,55 +75,88 @@ class BpuSettings:
         return dataclasses.replace(self, **changes)
 
 
+def max_sim_threads() -> int:
+    """The most ORT threads a sim executor may ask for: 4 per CPU this process may run on.
+
+    More only adds contention; a typo like 99999 made ORT start that many threads and grow by
+    gigabytes a minute.
+    """
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cpus = os.cpu_count() or 1
+    return 4 * max(cpus, 1)
+
+
 def _parse_bool(value: Any) -> bool:
     if isinstance(value, bool):
         return value
+    if not isinstance(value, (str, int)):
+        raise ValueError(f"expected a boolean, got {type(value).__name__}")
     text = str(value).strip().lower()
     if text in ("1", "true", "yes", "on"):
         return True
     if text in ("0", "false", "no", "off", ""):
         return False
-    raise ValueError("expected a boolean (1/0, true/false, yes/no, on/off)")
+    raise ValueError("expected a boolean")
 
 
 def _choice(choices: tuple[str, ...]) -> Callable[[Any], str]:
     def parse(value: Any) -> str:
-        text = str(value).strip().lower()
+        if not isinstance(value, str):
+            raise ValueError(f"expected a string, got {type(value).__name__}")
+        text = value.strip().lower()
         if text not in choices:
-            raise ValueError(f"expected one of {', '.join(choices)}")
+            raise ValueError("not one of the choices")
         return text
 
     return parse
 
 
-def _positive_float(value: Any) -> float:
-    number = float(value)
-    if not number > 0:
-        raise ValueError("expected a number > 0")
+def _number(value: Any) -> float:
+    """A finite real number from a number or its text; bools are not numbers here."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, str, numbers.Real)):
+        raise ValueError(f"expected a number, got {type(value).__name__}")
+    try:
+        number = float(value)
+    except (TypeError, ValueError, OverflowError):
+        raise ValueError("not a number") from None
+    if not math.isfinite(number):
+        raise ValueError("not a finite number")
     return number
 
 
-def _non_negative_int(value: Any) -> int:
-    if isinstance(value, bool) or int(value) != float(value):
-        raise ValueError("expected an integer")
-    number = int(value)
-    if number < 0:
-        raise ValueError("expected an integer >= 0")
-    return number
+def _float_in(low: float, high: float, low_open: bool = False) -> Callable[[Any], float]:
+    def parse(value: Any) -> float:
+        number = _number(value)
+        if number > high or number < low or (low_open and number == low):
+            raise ValueError("out of range")
+        return number
+
+    return parse
 
 
-def _percentile(value: Any) -> float:
-    number = float(value)
-    if not 50.0 < number <= 100.0:
-        raise ValueError("expected a percentile in (50, 100]")
-    return number
+def _int_in(low: int, high: Callable[[], int] | int) -> Callable[[Any], int]:
+    def parse(value: Any) -> int:
+        number = _number(value)
+        if number != int(number):
+            raise ValueError("not an integer")
+        top = high() if callable(high) else high
+        if not low <= number <= top:
+            raise ValueError("out of range")
+        return int(number)
+
+    return parse
 
 
 def _path(value: Any) -> str:
-    text = os.path.expanduser(str(value))
-    if not text:
-        raise ValueError("expected a directory path")
-    return text
+    if not isinstance(value, (str, os.PathLike)):
+        raise ValueError(f"expected a directory path, got {type(value).__name__}")
+    text = os.fspath(value)
+    if isinstance(text, bytes) or not text.strip() or "\0" in text:
+        raise ValueError("expected a non-empty directory path")
+    # absolute now: a later chdir must not move the cache
+    return os.path.abspath(os.path.expanduser(text))
 
 
 def _report(value: Any) -> str:
@@ -136,25 +172,33 @@ def _calibration(value: Any) -> Any:
 
     if value is None or isinstance(value, Calibration):
         return value
-    if isinstance(value, (str, os.PathLike)):
-        return Calibration.load(value)
-    raise ValueError("expected a torch_fl.bpu.Calibration or the path of its JSON file")
+    if not isinstance(value, (str, os.PathLike)):
+        raise ValueError(f"expected a Calibration or a path, got {type(value).__name__}")
+    path = os.path.expanduser(os.fspath(value))
+    if os.path.isdir(path):
+        raise ValueError(f"{path} is a directory, not a calibration JSON file")
+    try:
+        return Calibration.load(path)
+    except OSError as exc:
+        raise ValueError(f"cannot read {path}: {exc.strerror or exc}") from None
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise ValueError(f"{path} is not a calibration file ({exc})") from None
 
 
 # field -> (parser, environment variable or None, allowed values for the error message)
 _FIELDS: dict[str, tuple[Callable[[Any], Any], str | None, str]] = {
     "executor": (_choice(EXECUTORS), "FLAGOS_BPU_EXECUTOR", "|".join(EXECUTORS)),
     "quantize": (_parse_bool, "FLAGOS_BPU_QUANTIZE", "bool"),
-    "act_scale": (_positive_float, "FLAGOS_BPU_ACT_SCALE", "float > 0"),
-    "calibration": (_calibration, None, "Calibration | path to JSON"),
+    "act_scale": (_float_in(1e-6, 1e6), "FLAGOS_BPU_ACT_SCALE", "a number in [1e-6, 1e6]"),
+    "calibration": (_calibration, None, "a Calibration or the path of its JSON file"),
     "calibrate": (_choice(CALIBRATE_MODES), "FLAGOS_BPU_CALIBRATE", "|".join(CALIBRATE_MODES)),
     "calib_method": (_choice(CALIB_METHODS), None, "|".join(CALIB_METHODS)),
-    "calib_percentile": (_percentile, None, "float in (50, 100]"),
+    "calib_percentile": (_float_in(50.0, 100.0, low_open=True), None, "a number in (50, 100]"),
     "march": (_choice(MARCHES), "FLAGOS_BPU_MARCH", "|".join(MARCHES)),
-    "cache_dir": (_path, "FLAGOS_BPU_CACHE", "directory path"),
+    "cache_dir": (_path, "FLAGOS_BPU_CACHE", "a directory path (str or os.PathLike)"),
     "cache": (_parse_bool, None, "bool"),
     "strict": (_parse_bool, "FLAGOS_BPU_STRICT", "bool"),
-    "min_partition_ops": (_non_negative_int, None, "int >= 0"),
+    "min_partition_ops": (_int_in(0, 1_000_000), None, "an integer in [0, 1000000]"),
     "on_stale": (_choice(ON_STALE), None, "|".join(ON_STALE)),
     "report": (_report, "FLAGOS_BPU_REPORT", "|".join(REPORT_FORMATS) + " | bool"),
     "driver": (_choice(DRIVERS), "FLAGOS_BPU_DRIVER", "|".join(DRIVERS)),
@@ -163,9 +207,17 @@ _FIELDS: dict[str, tuple[Callable[[Any], Any], str | None, str]] = {
         "FLAGOS_BPU_COMPILE_ARTIFACT",
         "|".join(COMPILE_ARTIFACT),
     ),
-    "compile_timeout": (_positive_float, "FLAGOS_BPU_COMPILE_TIMEOUT", "seconds > 0"),
-    "opt_level": (_non_negative_int, None, "int >= 0"),
-    "sim_threads": (_non_negative_int, "FLAGOS_BPU_SIM_THREADS", "int >= 0"),
+    "compile_timeout": (
+        _float_in(0.0, 7 * 86400.0, low_open=True),
+        "FLAGOS_BPU_COMPILE_TIMEOUT",
+        "seconds in (0, 604800]",
+    ),
+    "opt_level": (_int_in(0, 2), None, "0|1|2"),
+    "sim_threads": (
+        _int_in(0, max_sim_threads),
+        "FLAGOS_BPU_SIM_THREADS",
+        "an integer in [0, 4 x CPUs] (0 = ORT's default)",
+    ),
 }
 
 ENV_VARS: dict[str, str] = {env: name for name, (_, env, _) in _FIELDS.items() if env}
@@ -179,21 +231,37 @@ def valid_options() -> str:
     return "\n".join(lines)
 
 
+def _allowed(name: str) -> str:
+    allowed = _FIELDS[name][2]
+    if name == "sim_threads":
+        allowed = f"an integer in [0, {max_sim_threads()}] (0 = ORT's default; 4 x CPUs)"
+    return allowed
+
+
 def _parse(name: str, value: Any, source: str) -> Any:
     parser = _FIELDS[name][0]
     try:
         return parser(value)
-    except (TypeError, ValueError) as exc:
+    except (TypeError, ValueError, OverflowError) as exc:
+        shown = repr(value)
+        shown = shown if len(shown) <= 80 else shown[:77] + "..."
         raise SettingsError(
-            f"bpu backend: bad value {value!r} for {name} (from {source}): {exc}. "
-            f"Valid options:\n{valid_options()}"
+            f"bpu backend: bad value {shown} for option {name} (from {source}): {exc}; "
+            f"valid: {_allowed(name)}"
         ) from None
 
 
-def resolve(options: dict[str, Any] | None = None) -> BpuSettings:
+def resolve(options: Mapping[str, Any] | None = None) -> BpuSettings:
     """Build the settings for one compilation from defaults, env and `options`."""
-    options = dict(options or {})
-    unknown = sorted(set(options) - set(_FIELDS))
+    if options is None:
+        options = {}
+    if not isinstance(options, Mapping):
+        raise SettingsError(
+            "bpu backend: options must be a dict of option -> value, got "
+            f"{type(options).__name__} ({options!r:.60}). Example: options={{'executor': 'sim'}}"
+        )
+    options = dict(options)
+    unknown = sorted(str(k) for k in set(options) - set(_FIELDS))
     if unknown:
         raise SettingsError(
             f"bpu backend: unknown option(s) {', '.join(unknown)}. Valid options:\n"
@@ -204,7 +272,8 @@ def resolve(options: dict[str, Any] | None = None) -> BpuSettings:
         if name in options:
             values[name] = _parse(name, options[name], "options")
         elif env is not None:
-            raw = envfile.get(env)
+            raw, where = envfile.lookup(env)
             if raw is not None and raw != "":
-                values[name] = _parse(name, raw, f"${env}")
+                source = where if where.startswith("$") else f"env file {where}, {env}"
+                values[name] = _parse(name, raw, source)
     return BpuSettings(**values)

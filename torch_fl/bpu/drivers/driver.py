@@ -15,6 +15,7 @@ import tempfile
 from pathlib import Path
 
 from torch_fl.bpu.drivers.discovery import CompilerInfo, clean_env
+from torch_fl.bpu.errors import BpuError
 
 WORKER = Path(__file__).with_name("hbdk4_worker.py")
 
@@ -29,7 +30,7 @@ _FIXES = {
 }
 
 
-class CompileError(RuntimeError):
+class CompileError(BpuError, RuntimeError):
     """hbdk4 failed; the message names the stage and the fix."""
 
 

@@ -20,6 +20,7 @@ from torch.autograd.profiler import record_function
 from torch_fl.bpu import build as builder
 from torch_fl.bpu.conversion.calibration import RangeObserver
 from torch_fl.bpu.conversion.freezing import FrozenWeights
+from torch_fl.bpu.errors import BpuError
 from torch_fl.bpu.report import PartitionEntry
 from torch_fl.bpu.runtime.executors import HbmExecutor, SimExecutor
 from torch_fl.bpu.settings import BpuSettings
@@ -31,7 +32,7 @@ _profiler_enabled = torch.autograd._profiler_enabled
 CALIBRATION: contextvars.ContextVar = contextvars.ContextVar("torch_fl_bpu_calib", default=None)
 
 
-class StrictModeError(RuntimeError):
+class StrictModeError(BpuError, RuntimeError):
     """strict=True and something was not offloaded."""
 
 
