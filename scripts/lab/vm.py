@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from provision import light
+from provision.target import HostSpec, SshTarget, TargetError
 from scripts.lab import cache, kernel, rootfs
 
 atomic = light.load("atomic")
@@ -160,28 +161,32 @@ def _banner(port: int) -> bool:
         return False
 
 
-def ssh_run(info: LabInfo, command: str, timeout: float = 60.0) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [*info.ssh_argv(), command], capture_output=True, text=True, timeout=timeout
+def target(info: LabInfo, connect_timeout: float = 10.0) -> SshTarget:
+    """The running lab as a provisioning `Target` (the same SSH code `invoke provision` uses).
+
+    Its host key is pinned in the lab's known_hosts and it takes the lab's throwaway client key;
+    close it when done. Raises TargetError while the guest's sshd does not answer.
+    """
+    return SshTarget(
+        HostSpec("root", "127.0.0.1", info.port),
+        known_hosts=str(info.known_hosts),
+        identity=str(info.identity),
+        connect_timeout=connect_timeout,
     )
 
 
-def put(info: LabInfo, local: Path, remote: str, mode: str = "755") -> None:
-    """Copy a file onto the lab through the SSH channel (no scp/sftp dependency)."""
-    parent = remote.rsplit("/", 1)[0] or "/"
-    with open(local, "rb") as src:
-        res = subprocess.run(
-            [
-                *info.ssh_argv(),
-                f"mkdir -p '{parent}' && cat > '{remote}' && chmod {mode} '{remote}'",
-            ],
-            stdin=src,
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
-    if res.returncode != 0:
-        raise LabError(f"copying {local} to the lab's {remote} failed: {res.stderr.strip()}")
+def _answers(info: LabInfo) -> bool:
+    """sshd's banner is there and a command runs (slirp accepts before the guest listens)."""
+    if not _banner(info.port):
+        return False
+    try:
+        board = target(info)
+    except TargetError:
+        return False
+    try:
+        return board.run("true", timeout=30)[0] == 0
+    finally:
+        board.close()
 
 
 def _concat(parts: list[Path], out: Path) -> None:
@@ -194,7 +199,7 @@ def _concat(parts: list[Path], out: Path) -> None:
 def _wait_ssh(info: LabInfo, timeout: float) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline and _is_our_qemu(info.pid):
-        if _banner(info.port) and ssh_run(info, "true", timeout=30).returncode == 0:
+        if _answers(info):
             return True
         time.sleep(1)
     return False
@@ -219,37 +224,58 @@ def _timed(fn, *args):
 
 
 def _up_locked(page_size: str, log) -> tuple[LabInfo, dict[str, float]]:
-    timings: dict[str, float] = {}
     current = running()
     if current is not None:
-        if current.page_size != page_size:
-            raise LabError(
-                f"a {current.page_size} lab is already running (pid {current.pid}); "
-                "run `invoke lab.down` first"
-            )
-        if not _wait_ssh(current, BOOT_TIMEOUT_S):
-            raise LabError(f"the running lab (pid {current.pid}) does not answer on SSH")
-        return current, timings
+        return _reuse(current, page_size), {}
     if shutil.which(QEMU) is None:
         raise LabError(f"{QEMU} is missing; fix: apt-get install qemu-system-arm")
     started = time.monotonic()
+    timings: dict[str, float] = {}
+    kdir, archive = _build_products(page_size, timings, log)
+    timings["products_s"] = round(time.monotonic() - started, 1)
+    run = state_dir()
+    mark = time.monotonic()
+    port = _prepare_boot(run, kdir, archive)
+    info, qemu = _start_qemu(_qemu_argv(kdir, run, port), run, port, page_size)
+    _await_boot(info, qemu, run)
+    timings["boot_s"] = round(time.monotonic() - mark, 1)
+    _refresh_apt(info)
+    timings["total_s"] = round(time.monotonic() - started, 1)
+    return info, timings
+
+
+def _reuse(current: LabInfo, page_size: str) -> LabInfo:
+    """The lab already running, if it is the one asked for and answers."""
+    if current.page_size != page_size:
+        raise LabError(
+            f"a {current.page_size} lab is already running (pid {current.pid}); "
+            "run `invoke lab.down` first"
+        )
+    if not _wait_ssh(current, BOOT_TIMEOUT_S):
+        raise LabError(f"the running lab (pid {current.pid}) does not answer on SSH")
+    return current
+
+
+def _build_products(page_size: str, timings: dict[str, float], log) -> tuple[Path, Path]:
+    """The kernel directory and the rootfs archive, from the cache or built now."""
     # The two products are independent (separate private apt trees, separate cache locks), and
     # their costs differ in kind: `make -j2` keeps both cores busy, mmdebstrap under qemu-user
     # mostly waits on one emulated dpkg at a time. Building them side by side fills the idle
-    # core: 22 min one after the other on an idle 2-core machine (docs/board-lab.md).
+    # core (cold timings in docs/board-lab.md).
     with ThreadPoolExecutor(max_workers=2, thread_name_prefix="lab-build") as pool:
         kernel_job = pool.submit(_timed, kernel.ensure, page_size)
         rootfs_job = pool.submit(_timed, rootfs.ensure)
         (kdir, kbuilt), timings["kernel_s"] = kernel_job.result()
         (archive, rbuilt), timings["rootfs_s"] = rootfs_job.result()
-    timings["products_s"] = round(time.monotonic() - started, 1)
     log(f"kernel {'built' if kbuilt else 'cached'}: {kdir}")
     log(f"rootfs {'built' if rbuilt else 'cached'}: {archive}")
+    return kdir, archive
 
-    run = state_dir()
+
+def _prepare_boot(run: Path, kdir: Path, archive: Path) -> int:
+    """Fresh keys, the initrd (rootfs + modules + keys) and known_hosts; the forwarded port."""
     run.mkdir(parents=True, exist_ok=True)
     os.chmod(run, 0o700)
-    mark = time.monotonic()
     keys, host_pub = _keys_cpio(run)
     parts = [archive]
     if (kdir / "modules.cpio.gz").is_file():
@@ -257,8 +283,11 @@ def _up_locked(page_size: str, log) -> tuple[LabInfo, dict[str, float]]:
     _concat([*parts, keys], run / "initrd.cpio.gz")
     port = _free_port()
     _write_known_hosts(run, port, host_pub)
-    console = run / "console.log"
-    argv = [
+    return port
+
+
+def _qemu_argv(kdir: Path, run: Path, port: int) -> list[str]:
+    return [
         "nice",
         "-n",
         "19",
@@ -289,9 +318,15 @@ def _up_locked(page_size: str, log) -> tuple[LabInfo, dict[str, float]]:
         "-monitor",
         "none",
         "-serial",
-        f"file:{console}",
+        f"file:{run / 'console.log'}",
         "-no-reboot",
     ]
+
+
+def _start_qemu(
+    argv: list[str], run: Path, port: int, page_size: str
+) -> tuple[LabInfo, subprocess.Popen]:
+    """qemu in the background, in its own session; its PID recorded for `down`."""
     with open(run / "qemu.log", "w") as qlog:
         proc = subprocess.Popen(
             argv,
@@ -300,28 +335,23 @@ def _up_locked(page_size: str, log) -> tuple[LabInfo, dict[str, float]]:
             stderr=subprocess.STDOUT,
             start_new_session=True,  # survives the invoke process that started it
         )
-    info = LabInfo(proc.pid, port, page_size, run)
     state = {"pid": proc.pid, "port": port, "page_size": page_size}
     atomic.write_text(run / "lab.json", json.dumps(state) + "\n")
+    return LabInfo(proc.pid, port, page_size, run), proc
+
+
+def _await_boot(info: LabInfo, qemu: subprocess.Popen, run: Path) -> None:
+    """Until a command runs over SSH; stops the lab and names the cause if it never does."""
+    console = run / "console.log"
     deadline = time.monotonic() + BOOT_TIMEOUT_S
     while time.monotonic() < deadline:
-        if proc.poll() is not None:
+        if qemu.poll() is not None:
             raise LabError(
-                f"qemu exited with rc {proc.returncode} during boot; see {run / 'qemu.log'} "
+                f"qemu exited with rc {qemu.returncode} during boot; see {run / 'qemu.log'} "
                 f"and {console}"
             )
-        if _banner(port):
-            res = ssh_run(info, "true", timeout=30)
-            if res.returncode == 0:
-                timings["boot_s"] = round(time.monotonic() - mark, 1)
-                # The image ships without apt lists (mmdebstrap drops them); index the offline
-                # repository now so the guest looks like a board whose lists are current.
-                res = ssh_run(info, "apt-get update -qq", timeout=300)
-                if res.returncode != 0:
-                    down()
-                    raise LabError(f"apt-get update in the lab failed: {res.stderr.strip()}")
-                timings["total_s"] = round(time.monotonic() - started, 1)
-                return info, timings
+        if _answers(info):
+            return
         time.sleep(1)
     down()
     tail = console.read_text(errors="replace")[-2000:] if console.exists() else ""
@@ -329,6 +359,19 @@ def _up_locked(page_size: str, log) -> tuple[LabInfo, dict[str, float]]:
         f"the lab did not answer on SSH within {BOOT_TIMEOUT_S:.0f}s (raise "
         f"TORCH_FL_LAB_BOOT_TIMEOUT on a slow host); console tail:\n{tail}"
     )
+
+
+def _refresh_apt(info: LabInfo) -> None:
+    # The image ships without apt lists (mmdebstrap drops them); index the offline repository
+    # now so the guest looks like a board whose lists are current.
+    board = target(info)
+    try:
+        rc, _, err = board.run("apt-get update -qq", timeout=300)
+    finally:
+        board.close()
+    if rc != 0:
+        down()
+        raise LabError(f"apt-get update in the lab failed: {err.strip()}")
 
 
 def down(timeout: float = 20.0) -> bool:

@@ -38,6 +38,7 @@ def up(c, page_size=None):
 @task
 def status(c):
     """Show whether a lab is running, its port, and what the guest reports."""
+    from provision.target import TargetError
     from scripts.lab import cache, vm
 
     info = vm.running()
@@ -48,9 +49,17 @@ def status(c):
     if info is None:
         print("lab: not running")
         return
-    res = vm.ssh_run(info, "uname -m; getconf PAGESIZE; uname -r", timeout=30)
     print(f"lab: running, pid {info.pid}, {info.host}, page size {info.page_size}")
-    print(f"  guest: {' '.join(res.stdout.split()) or res.stderr.strip()}")
+    try:
+        board = vm.target(info)
+    except TargetError as exc:
+        print(f"  guest: does not answer ({exc})")
+    else:
+        try:
+            _, out, err = board.run("uname -m; getconf PAGESIZE; uname -r", timeout=30)
+        finally:
+            board.close()
+        print(f"  guest: {' '.join(out.split()) or err.strip()}")
     print(f"  known_hosts {info.known_hosts}, identity {info.identity}")
 
 

@@ -15,15 +15,10 @@ from pathlib import Path
 
 import pytest
 import yaml
+from lab_helpers import PAGE_SIZE, REPO
 
-REPO = Path(__file__).resolve().parents[2]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
-
-from lab_helpers import PAGE_SIZE  # noqa: E402
-
-from scripts import lab as lab_pkg  # noqa: E402
-from scripts.lab import vm, x86python  # noqa: E402
+from scripts import lab as lab_pkg
+from scripts.lab import vm, x86python
 
 # Steps that need the vendor OE package or the project checkout on the target; the lab has
 # neither (docs/board-lab.md), so the lane provisions what a large-page board decides.
@@ -41,6 +36,14 @@ def lab() -> vm.LabInfo:
     yield info
     if not was_running:
         vm.down()
+
+
+@pytest.fixture(scope="session")
+def board(lab: vm.LabInfo):
+    """The running lab as a provisioning `Target`."""
+    target = vm.target(lab)
+    yield target
+    target.close()
 
 
 @pytest.fixture(scope="session")

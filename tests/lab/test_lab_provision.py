@@ -11,7 +11,7 @@ import shlex
 import sys
 
 import pytest
-from lab_helpers import EXPECTED_PAGE, REPO, box64_version, guest
+from lab_helpers import EXPECTED_PAGE, REPO, box64_version, guest, put
 
 sys.path.insert(0, str(REPO / "tests" / "standins" / "lab"))
 from standin_box64_old import build_old_box64  # noqa: E402
@@ -19,7 +19,6 @@ from standin_hbdk4_wheels import make_wheels  # noqa: E402
 
 from provision import probe  # noqa: E402
 from provision.target import controller_arch  # noqa: E402
-from scripts.lab import vm  # noqa: E402
 
 ABORT = "Error: PageSize configuration is wrong: configured with 4096, but got"
 
@@ -45,8 +44,8 @@ def _version_of(text: str) -> tuple[int, ...]:
     return tuple(int(g) for g in match.groups())
 
 
-def test_provision_upgrades_box64_and_imports_hbdk4(lab, provision_on_lab, oe_wheels):
-    before = box64_version(lab, "/usr/bin/box64")
+def test_provision_upgrades_box64_and_imports_hbdk4(board, provision_on_lab, oe_wheels):
+    before = box64_version(board, "/usr/bin/box64")
     if _version_of(before) >= (0, 4, 0):
         pytest.skip(f"guest box64 already upgraded ({before}); restart the lab for a fresh board")
     assert _version_of(before)[:2] == (0, 3), before
@@ -58,7 +57,7 @@ def test_provision_upgrades_box64_and_imports_hbdk4(lab, provision_on_lab, oe_wh
     assert int(doc["facts"]["pagesize"]) == EXPECTED_PAGE
     assert steps["box64"]["action"] == "apply"
     assert "0.3.4" in steps["box64"]["before"]["detail"]
-    after = _version_of(box64_version(lab, "/usr/bin/box64"))
+    after = _version_of(box64_version(board, "/usr/bin/box64"))
     assert after >= (0, 4, 0), "apt did not install the newer box64 from the offline repo"
     probe_step = _final(steps["pagesize_probe"])
     assert probe_step["status"] == "ok", probe_step
@@ -68,7 +67,7 @@ def test_provision_upgrades_box64_and_imports_hbdk4(lab, provision_on_lab, oe_wh
     assert "standin" in x86["detail"], x86["detail"]  # the stand-in hbdk4 imported under box64
 
 
-def test_second_run_performs_zero_actions(lab, provision_on_lab, oe_wheels):
+def test_second_run_performs_zero_actions(provision_on_lab, oe_wheels):
     proc, doc = provision_on_lab("--oe-wheels", str(oe_wheels), name="second")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert doc["actions"] == 0, [s["name"] for s in doc["steps"] if s["action"] == "apply"]
@@ -79,28 +78,28 @@ SHADOW = "/usr/local/bin/box64"  # first in root's PATH, ahead of Debian's /usr/
 
 
 @pytest.fixture
-def standin_old_box64(lab, tmp_path):
+def standin_old_box64(board, tmp_path):
     """The stand-in old box64 planted first in the guest's PATH (removed afterwards)."""
-    vm.put(lab, build_old_box64(tmp_path / "standin"), SHADOW)
-    assert guest(lab, "command -v box64").stdout.strip() == SHADOW
+    put(board, build_old_box64(tmp_path / "standin"), SHADOW)
+    assert guest(board, "command -v box64").stdout.strip() == SHADOW
     yield SHADOW
-    guest(lab, f"rm -f {SHADOW}")
+    guest(board, f"rm -f {SHADOW}")
 
 
-def _run_probe(lab, tmp_path, box64: str):
+def _run_probe(board, tmp_path, box64: str):
     """Provisioning's own x86_64 probe binary, run for real under `box64` on the guest."""
     local = probe.build(tmp_path / "probe", controller_arch())
     remote = f"/tmp/{probe.BINARY_NAME}"
-    vm.put(lab, local, remote)
-    res = guest(lab, f"BOX64_NOBANNER=1 BOX64_LOG=0 {shlex.quote(box64)} {remote}")
+    put(board, local, remote)
+    res = guest(board, f"BOX64_NOBANNER=1 BOX64_LOG=0 {shlex.quote(box64)} {remote}")
     verdict = probe.interpret(res.returncode, res.stdout, res.stderr, EXPECTED_PAGE, box64)
     print(f"probe under {box64}: rc {res.returncode}: {(res.stdout + res.stderr).strip()}")
     return res, verdict
 
 
-def test_probe_catches_standin_old_box64(lab, standin_old_box64, provision_on_lab, tmp_path):
-    assert _version_of(box64_version(lab)) == (0, 2, 6)  # -v succeeds: proves nothing
-    res, verdict = _run_probe(lab, tmp_path, standin_old_box64)
+def test_probe_catches_standin_old_box64(board, standin_old_box64, provision_on_lab, tmp_path):
+    assert _version_of(box64_version(board)) == (0, 2, 6)  # -v succeeds: proves nothing
+    res, verdict = _run_probe(board, tmp_path, standin_old_box64)
     assert res.returncode == 255
     assert f"{ABORT} {EXPECTED_PAGE}" in res.stdout + res.stderr
     assert not verdict.ok and "aborts" in verdict.detail
@@ -111,11 +110,11 @@ def test_probe_catches_standin_old_box64(lab, standin_old_box64, provision_on_la
     assert "0.2.6" in box64_step["before"]["detail"], box64_step
     if proc.returncode == 0:  # it replaced the old one: the box64 it settled on must work
         chosen = _final(box64_step)["facts"]["path"]
-        assert _run_probe(lab, tmp_path, chosen)[1].ok
+        assert _run_probe(board, tmp_path, chosen)[1].ok
 
 
 def test_provisioning_replaces_shadowing_old_box64(
-    lab, standin_old_box64, provision_on_lab, oe_wheels, tmp_path
+    board, standin_old_box64, provision_on_lab, oe_wheels, tmp_path
 ):
     proc, doc = provision_on_lab("--oe-wheels", str(oe_wheels), name="standin-replace")
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -123,5 +122,5 @@ def test_provisioning_replaces_shadowing_old_box64(
     chosen = _final(steps["box64"])["facts"]["path"]
     probe_step = _final(steps["pagesize_probe"])
     assert probe_step["status"] == "ok" and probe_step["facts"]["guest_pagesize"] == EXPECTED_PAGE
-    assert _run_probe(lab, tmp_path, chosen)[1].ok
-    assert _run_probe(lab, tmp_path, "box64")[1].ok, "the PATH box64 is still the broken one"
+    assert _run_probe(board, tmp_path, chosen)[1].ok
+    assert _run_probe(board, tmp_path, "box64")[1].ok, "the PATH box64 is still the broken one"
