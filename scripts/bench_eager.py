@@ -5,7 +5,7 @@ the classic copying fallback, plus the fixed per-call overhead of a small op.
 
     python scripts/bench_eager.py [--json out.json] [--repeat 30]
 
-Targets (issue 2): 1M-element add <= 1.2x CPU; <= 15 us extra per small op.
+Targets: 1M-element add <= 1.2x CPU; <= 15 us extra per small op.
 """
 
 from __future__ import annotations
