@@ -341,7 +341,9 @@ class Swin(nn.Module):
             d = dim * 2**i
             if i:
                 layers.append(PatchMerging(d // 2))
-            layers += [SwinBlock(d, h, window, 0 if j % 2 == 0 else window // 2) for j in range(depth)]
+            layers += [
+                SwinBlock(d, h, window, 0 if j % 2 == 0 else window // 2) for j in range(depth)
+            ]
         self.layers = nn.Sequential(*layers)
         self.norm = nn.LayerNorm(dim * 2 ** (len(depths) - 1))
         self.head = nn.Linear(dim * 2 ** (len(depths) - 1), num_classes)
