@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import importlib.util
 import sys
+import threading
 from pathlib import Path
 from types import ModuleType
 
 PACKAGE_DIR = Path(__file__).resolve().parents[1] / "torch_fl"
 LIGHT = ("targets", "atomic", "envfile", "bpu.drivers.hbdk4_guest")
+_LOCK = threading.Lock()  # provisioning runs hosts in threads: nobody sees a half-run module
 
 
 def path_of(name: str) -> Path:
@@ -32,14 +34,19 @@ def load(name: str) -> ModuleType:
     if real is not None:
         return real
     alias = f"_torch_fl_light.{name}"
-    if alias not in sys.modules:
-        spec = importlib.util.spec_from_file_location(alias, path)
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[alias] = module
-        try:
-            spec.loader.exec_module(module)
-        except BaseException:
-            del sys.modules[alias]
-            raise
+    with _LOCK:
+        if alias not in sys.modules:
+            _exec(alias, path)
     return sys.modules[alias]
+
+
+def _exec(alias: str, path: Path) -> None:
+    spec = importlib.util.spec_from_file_location(alias, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[alias] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[alias]
+        raise
