@@ -66,7 +66,10 @@ def build_graph(modules: Mapping[str, Path]) -> Graph:
     """Module -> the modules of ours it imports."""
     graph: Graph = {name: set() for name in modules}
     for name, path in modules.items():
-        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+        try:
+            tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+        except (SyntaxError, UnicodeDecodeError) as exc:
+            raise ValueError(f"{path}: cannot parse it ({exc}); fix the file first") from exc
         package = name if path.name == "__init__.py" else name.rpartition(".")[0]
         for node in ast.walk(tree):
             for target in _imported(node, package, modules):
@@ -127,7 +130,14 @@ def check(repo: Path, roots: Iterable[str] = ROOTS) -> list[list[str]]:
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     repo = Path(args[0] if args else Path(__file__).resolve().parents[1]).resolve()
-    found = {tuple(component) for component in check(repo)}
+    if not repo.is_dir():
+        print(f"{repo} is not a directory; give the repository root", file=sys.stderr)
+        return 2
+    try:
+        found = {tuple(component) for component in check(repo)}
+    except ValueError as exc:
+        print(exc, file=sys.stderr)
+        return 2
     for component in sorted(found & KNOWN_CYCLES):
         print("known import cycle among: " + ", ".join(component))
     for component in sorted(KNOWN_CYCLES - found):

@@ -404,8 +404,8 @@ def run_ruff_lane(lane: Lane, root: Path, out_dir: Path, junit_dir: Path) -> Lan
             summary = next((ln for ln in reversed(output.splitlines()) if ln.strip()), "")
             result.add("failed", nodeid, summary)
             records.append({"nodeid": nodeid, "bucket": "failed", "message": output or summary})
-        else:  # rc 2: ruff itself could not run (bad config, bad path)
-            result.add("infra-error", nodeid, f"ruff rc {proc.returncode}: {output[:200]}")
+        else:  # rc 2: the tool itself could not run (bad config, bad path, unparsable file)
+            result.add("infra-error", nodeid, f"{name} rc {proc.returncode}: {output[:200]}")
     result.duration_s = time.monotonic() - start
     _atomic_write(log, "\n".join(log_text))
     result.log = str(log)

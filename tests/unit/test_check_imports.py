@@ -63,3 +63,12 @@ def test_two_module_cycle_reported_by_main(tmp_path, capsys, monkeypatch):
 
 def test_repository_has_no_new_import_cycles(capsys):
     assert check_imports.main([str(REPO)]) == 0, capsys.readouterr().out
+
+
+def test_bad_input_is_named(tmp_path, capsys):
+    assert check_imports.main([str(tmp_path / "missing")]) == 2
+    assert "not a directory" in capsys.readouterr().err
+    (tmp_path / "scripts").mkdir()
+    (tmp_path / "scripts" / "broken.py").write_text("def f(:\n")
+    assert check_imports.main([str(tmp_path)]) == 2
+    assert "broken.py: cannot parse" in capsys.readouterr().err
