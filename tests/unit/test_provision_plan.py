@@ -10,7 +10,7 @@ import pytest
 
 from provision import plan, report, wheels
 from provision.context import Context, Options
-from provision.results import FAILED, NEEDED, OK, CheckResult, StepError
+from provision.results import FAILED, NEEDED, OK, Box64Found, CheckResult, Inputs, StepError
 from provision.target import LocalTarget
 
 
@@ -139,3 +139,51 @@ def _empty(tmp_path):
     d = tmp_path / "empty"
     d.mkdir()
     return d
+
+
+@dataclass
+class Consumer:
+    """Records the inputs the plan hands it."""
+
+    name: str = "envfile"
+    title: str = "consumer"
+    requires: tuple[str, ...] = ("box64",)
+    seen: list = field(default_factory=list)
+
+    def check(self, ctx, inputs):
+        self.seen.append(inputs)
+        return CheckResult(OK, {}, "ok")
+
+    def apply(self, ctx, before, inputs):
+        raise AssertionError("never needed")
+
+
+@dataclass
+class Provider:
+    name: str = "box64"
+    title: str = "provider"
+    requires: tuple[str, ...] = ()
+    checks: int = 0
+
+    def check(self, ctx, inputs):
+        self.checks += 1
+        return CheckResult(OK, {}, "ok", Box64Found("/opt/box64", "0.4.5"))
+
+    def apply(self, ctx, before, inputs):
+        raise AssertionError("never needed")
+
+
+def test_plan_hands_a_step_the_results_it_requires(tmp_path):
+    provider, consumer = Provider(), Consumer()
+    plan.apply_run(ctx(tmp_path), [provider, consumer])
+    assert provider.checks == 1  # the run's result is reused, not checked again
+    assert consumer.seen == [Inputs(box64=Box64Found("/opt/box64", "0.4.5"))]
+
+
+def test_required_step_left_out_is_checked_read_only(tmp_path):
+    consumer = Consumer()
+    c = ctx(tmp_path)
+    c.facts["arch"] = "x86_64"  # the real box64 step: not applicable, provides nothing
+    out = plan.dry_run(c, [consumer])
+    assert [o.name for o in out] == ["envfile"]  # the dependency is not reported as run
+    assert consumer.seen == [Inputs(box64=None)]
