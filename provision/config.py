@@ -7,6 +7,7 @@ twenty-minute box64 build.
 from __future__ import annotations
 
 import copy
+import difflib
 import re
 from pathlib import Path
 from typing import Any
@@ -44,6 +45,14 @@ def _read_yaml(path: Path) -> dict[str, Any]:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
     except FileNotFoundError as exc:
         raise ConfigError(f"config file {path} does not exist; fix the --config path") from exc
+    except IsADirectoryError as exc:
+        raise ConfigError(f"config file {path} is a directory; give the YAML file") from exc
+    except UnicodeDecodeError as exc:
+        raise ConfigError(
+            f"config file {path} is not UTF-8 text (byte {exc.start}); give a YAML file"
+        ) from exc
+    except OSError as exc:
+        raise ConfigError(f"config file {path} cannot be read ({exc.strerror})") from exc
     except yaml.YAMLError as exc:
         raise ConfigError(f"config file {path} is not valid YAML: {exc}") from exc
     if data is None:
@@ -51,6 +60,23 @@ def _read_yaml(path: Path) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise ConfigError(f"config file {path} must hold a mapping at top level")
     return data
+
+
+def check_keys(over: Any, defaults: Any, source: str, prefix: str = "") -> None:
+    """Every key of an override must exist in the defaults: a typo is an error with a guess."""
+    if not isinstance(over, dict) or not isinstance(defaults, dict):
+        return
+    for key, value in over.items():
+        dotted = f"{prefix}{key}"
+        if key not in defaults:
+            close = difflib.get_close_matches(str(key), [str(k) for k in defaults], n=1)
+            hint = (
+                f"did you mean {prefix}{close[0]}?"
+                if close
+                else (f"known keys here: {', '.join(sorted(str(k) for k in defaults))}")
+            )
+            raise ConfigError(f"{source}: unknown key {dotted!r}; {hint}")
+        check_keys(value, defaults[key], source, f"{dotted}.")
 
 
 def _get(cfg: dict[str, Any], dotted: str) -> Any:
@@ -112,8 +138,13 @@ def validate(cfg: dict[str, Any]) -> dict[str, Any]:
 def load(config_file: str | None = None, invoke_section: dict[str, Any] | None = None) -> dict:
     """Defaults <- invoke.yaml `provision:` section <- --config file; validated."""
     cfg = _read_yaml(DEFAULTS_PATH)
+    defaults = copy.deepcopy(cfg)
     if invoke_section:
+        check_keys(dict(invoke_section), defaults, "invoke.yaml provision section")
         cfg = deep_merge(cfg, dict(invoke_section))
     if config_file:
-        cfg = deep_merge(cfg, _read_yaml(Path(config_file).expanduser()))
+        path = Path(config_file).expanduser()
+        over = _read_yaml(path)
+        check_keys(over, defaults, f"config file {path}")
+        cfg = deep_merge(cfg, over)
     return validate(cfg)

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import sys
 import time
 from dataclasses import dataclass
 
 from provision.context import Context, Step
 from provision.results import FAILED, NEEDED, OK, CheckResult, Inputs, StepError
 from provision.steps import STEP_NAMES, all_steps
+from scripts import progress
+
+INTERRUPTED_ACTION = "interrupted"
+INTERRUPTED_CODE = 130  # 128 + SIGINT, what shells report for Ctrl-C
 
 
 @dataclass
@@ -35,6 +40,15 @@ def select(only: str | None, skip: str | None, config_skip: list[str]) -> list[s
             raise ValueError(f"{flag}: unknown step(s) {bad}; steps are {', '.join(STEP_NAMES)}")
         return items
 
+    if only is not None and not names(only, "--only"):
+        raise ValueError(f"--only {only!r} names no step; steps are {', '.join(STEP_NAMES)}")
+    if skip is not None and not names(skip, "--skip"):
+        raise ValueError(f"--skip {skip!r} names no step; steps are {', '.join(STEP_NAMES)}")
+    both = sorted(set(names(only, "--only")) & set(names(skip, "--skip")))
+    if both:
+        raise ValueError(
+            f"--only and --skip both name {', '.join(both)}; keep each step in one of them"
+        )
     chosen = names(only, "--only") or list(STEP_NAMES)
     dropped = set(names(skip, "--skip")) | set(config_skip)
     if only:
@@ -88,43 +102,65 @@ def dry_run(ctx: Context, steps: list[Step]) -> list[Outcome]:
 
 
 def apply_run(ctx: Context, steps: list[Step]) -> list[Outcome]:
+    """Check, apply what is needed, re-check; a Ctrl-C/SIGTERM ends the run at the current step.
+
+    The interrupted step is marked `interrupted` and the rest `not run`; every install writes its
+    completion marker last, so the next run finds a half-done step partial and redoes it.
+    """
     outcomes = []
     results: dict[str, CheckResult] = {}
-    failed = False
+    failed = stopped = False
     for step in steps:
         out = Outcome(step.name, step.title)
         outcomes.append(out)
-        if failed:
+        if failed or stopped:
             out.action = "not run"
             continue
         start = time.monotonic()
-        inputs = inputs_for(ctx, step, results)
-        out.before = _check(step, ctx, inputs)
-        if out.before.status == OK:
-            out.action = "none"
-        elif out.before.status == FAILED:
-            # failed = apply cannot fix it (bad box64.path, broken vendor runtime, probe abort)
-            out.action = "none"
-            out.error = out.before.detail
-            failed = True
-        else:
-            ctx.echo(f"[{step.name}] {out.before.detail} -> applying")
-            out.action = "apply"
+        try:
+            _apply_one(ctx, step, out, results)
+        except KeyboardInterrupt:
+            out.action = INTERRUPTED_ACTION
+            out.error = "interrupted (Ctrl-C/SIGTERM); re-run to resume"
+            stopped = True
+        out.duration_s = time.monotonic() - start
+        if not stopped:
+            failed = out.final is not None and out.final.status != OK
+            ctx.echo(f"[{step.name}] {(out.final or out.before).status}: {(out.final).detail}")
+    return outcomes
+
+
+def _apply_one(ctx: Context, step: Step, out: Outcome, results: dict[str, CheckResult]) -> None:
+    inputs = inputs_for(ctx, step, results)
+    out.before = _check(step, ctx, inputs)
+    if out.before.status == OK:
+        out.action = "none"
+    elif out.before.status == FAILED:
+        # failed = apply cannot fix it (bad box64.path, broken vendor runtime, probe abort)
+        out.action = "none"
+        out.error = out.before.detail
+    else:
+        ctx.echo(f"[{step.name}] {out.before.detail} -> applying")
+        out.action = "apply"
+        with progress.heartbeat(f"provision {step.name}", stream=sys.stdout):
             try:
                 step.apply(ctx, out.before, inputs)
             except StepError as exc:
                 out.error = str(exc)
-            out.after = _check(step, ctx, inputs)
-            if out.after.status != OK:
-                failed = True
-                out.error = out.error or out.after.detail
-        results[step.name] = out.final or out.before
-        out.duration_s = time.monotonic() - start
-        ctx.echo(f"[{step.name}] {(out.final or out.before).status}: {(out.final).detail}")
-    return outcomes
+        out.after = _check(step, ctx, inputs)
+        if out.after.status != OK:
+            out.error = out.error or out.after.detail
+    results[step.name] = out.final or out.before
+
+
+def interrupted(outcomes: list[Outcome]) -> Outcome | None:
+    """The step a Ctrl-C/SIGTERM stopped, if any."""
+    return next((o for o in outcomes if o.action == INTERRUPTED_ACTION), None)
 
 
 def exit_code(outcomes: list[Outcome], dry: bool) -> int:
+    if interrupted(outcomes):
+        return INTERRUPTED_CODE
     if dry:
         return 0
     bad = any(

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import shutil
+import textwrap
 import time
 from pathlib import Path
 from typing import Any
@@ -36,6 +38,7 @@ def build(
         "duration_s": round(time.time() - started, 3),
         "exit_code": exit_code,
         "actions": sum(1 for o in outcomes if o.action == "apply"),
+        "interrupted": any(o.action == "interrupted" for o in outcomes),
         "facts": facts,
         "steps": [
             {
@@ -69,8 +72,8 @@ def validate(report: dict[str, Any]) -> None:
     ):
         if not isinstance(report.get(key), kind):
             raise ValueError(f"{key} must be {kind.__name__}")
-    if report["exit_code"] not in (0, 1, 2):
-        raise ValueError("exit_code must be 0, 1 or 2")
+    if report["exit_code"] not in (0, 1, 2, 130):
+        raise ValueError("exit_code must be 0, 1, 2 or 130 (interrupted)")
     applied = 0
     for step in report["steps"]:
         for side in ("before", "after"):
@@ -79,7 +82,7 @@ def validate(report: dict[str, Any]) -> None:
                 raise ValueError(f"step {step.get('name')}: {side}.status {res.get('status')!r}")
         if step["action"] == "apply":
             applied += 1
-            if step.get("after") is None:
+            if step.get("after") is None and not report.get("interrupted"):
                 raise ValueError(f"step {step['name']} applied without a re-check")
         if not isinstance(step.get("duration_s"), (int, float)) or step["duration_s"] < 0:
             raise ValueError(f"step {step.get('name')}: bad duration")
@@ -99,7 +102,11 @@ def _cell(res: Any) -> str:
     return res.status if res is not None else "-"
 
 
-def table(outcomes: list[Outcome]) -> str:
+def table(outcomes: list[Outcome], width: int | None = None) -> str:
+    """Aligned columns; a long detail wraps at word boundaries under its column, never cut.
+
+    `width` is the line width to wrap to (default: the terminal's, at least 100).
+    """
     rows = [("step", "before", "action", "after", "duration", "detail")]
     for o in outcomes:
         detail = o.error or (o.final.detail if o.final else "")
@@ -110,13 +117,20 @@ def table(outcomes: list[Outcome]) -> str:
                 o.action,
                 _cell(o.after),
                 f"{o.duration_s:.1f}s",
-                detail.replace("\n", " ")[:90],
+                " ".join(detail.split()),
             )
         )
     widths = [max(len(r[i]) for r in rows) for i in range(5)]
+    indent = sum(widths) + 2 * 5
+    if width is None:
+        width = max(100, shutil.get_terminal_size((120, 24)).columns)
+    detail_width = max(40, width - indent)
     lines = []
     for i, row in enumerate(rows):
-        lines.append("  ".join(c.ljust(widths[j]) for j, c in enumerate(row[:5])) + "  " + row[5])
+        head = "  ".join(c.ljust(widths[j]) for j, c in enumerate(row[:5])) + "  "
+        parts = textwrap.wrap(row[5], detail_width, break_long_words=False) or [""]
+        lines.append((head + parts[0]).rstrip())
+        lines += [" " * indent + part for part in parts[1:]]
         if i == 0:
             lines.append("  ".join("-" * w for w in widths) + "  " + "-" * 6)
     return "\n".join(lines)

@@ -10,6 +10,7 @@ import os
 import re
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -24,6 +25,24 @@ RunResult = tuple[int, str, str]
 
 class TargetError(RuntimeError):
     """The target could not be reached or a transfer failed."""
+
+
+class TargetInputError(TargetError):
+    """What the user gave cannot work (unreadable key file, a host that only takes passwords)."""
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    """Stop a command and everything it started (it leads its own process group)."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=3.0)
+            return
+        except subprocess.TimeoutExpired:
+            continue
 
 
 class Target(Protocol):
@@ -87,33 +106,49 @@ class _LineSink:
 
 
 class LocalTarget:
-    """This machine, through subprocess."""
+    """This machine, through subprocess.
+
+    Every command leads its own process group: a timeout or a Ctrl-C stops the command and all
+    it started (`python -m venv`'s pip, a build's compilers), never leaving them to PID 1.
+    """
 
     is_local = True
 
-    def __init__(self, env: dict[str, str] | None = None) -> None:
+    def __init__(self, env: dict[str, str] | None = None, echo: bool = False) -> None:
         self.name = "local"
         self._env = dict(env) if env is not None else None
+        self.echo = echo
 
     def _environ(self, extra: dict[str, str] | None) -> dict[str, str]:
         base = dict(self._env if self._env is not None else os.environ)
         base.update(extra or {})
         return base
 
+    def _echo(self, cmd: str) -> None:
+        if self.echo:
+            print(f"[{self.name}] $ {cmd}", flush=True)
+
     def run(self, cmd: str, timeout: float = 120.0, env: dict[str, str] | None = None) -> RunResult:
+        self._echo(cmd)
+        proc = subprocess.Popen(
+            ["/bin/sh", "-c", cmd],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=self._environ(env),
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
         try:
-            proc = subprocess.run(
-                ["/bin/sh", "-c", cmd],
-                capture_output=True,
-                text=True,
-                timeout=timeout,
-                env=self._environ(env),
-                stdin=subprocess.DEVNULL,
-            )
-        except subprocess.TimeoutExpired as exc:
-            out = exc.stdout.decode() if isinstance(exc.stdout, bytes) else (exc.stdout or "")
-            return 124, out, f"timed out after {timeout:.0f}s: {cmd}"
-        return proc.returncode, proc.stdout, proc.stderr
+            out, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            _kill_group(proc)
+            out, _ = proc.communicate()
+            return 124, out or "", f"timed out after {timeout:.0f}s: {cmd}"
+        except BaseException:
+            _kill_group(proc)
+            raise
+        return proc.returncode, out, err
 
     def run_logged(
         self,
@@ -122,6 +157,7 @@ class LocalTarget:
         timeout: float = 3600.0,
         progress: Callable[[str], None] | None = None,
     ) -> int:
+        self._echo(cmd)
         log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(log_path, "a", encoding="utf-8") as log:
             log.write(f"$ {cmd}\n")
@@ -133,17 +169,22 @@ class LocalTarget:
                 text=True,
                 env=self._environ(None),
                 stdin=subprocess.DEVNULL,
+                start_new_session=True,
             )
             deadline = time.monotonic() + timeout
             assert proc.stdout is not None
-            for line in proc.stdout:
-                sink.write(line)
-                if time.monotonic() > deadline:
-                    proc.kill()
-                    log.write(f"\n[provision] killed after {timeout:.0f}s\n")
-                    proc.wait()
-                    return 124
-            return proc.wait()
+            try:
+                for line in proc.stdout:
+                    sink.write(line)
+                    if time.monotonic() > deadline:
+                        _kill_group(proc)
+                        log.write(f"\n[provision] killed after {timeout:.0f}s\n")
+                        return 124
+                return proc.wait()
+            except BaseException:
+                _kill_group(proc)
+                log.write("\n[provision] interrupted\n")
+                raise
 
     def put(self, local: Path, remote: str) -> None:
         dest = Path(remote)
@@ -183,6 +224,39 @@ def parse_host(text: str) -> HostSpec:
     return HostSpec(match["user"], match["host"].strip("[]"), port)
 
 
+def _check_identity(path: str) -> None:
+    """An identity file must be a private key paramiko can read; say which file when not."""
+    import paramiko
+
+    if not os.path.isfile(path):
+        raise TargetInputError(f"ssh.identity {path} is not a file; point it at a private key")
+    try:
+        paramiko.PKey.from_path(path)
+    except paramiko.PasswordRequiredException:
+        raise TargetInputError(
+            f"ssh.identity {path} is passphrase-protected; load it into ssh-agent (ssh-add) "
+            "and leave ssh.identity empty"
+        ) from None
+    except (paramiko.SSHException, ValueError, UnicodeDecodeError, OSError) as exc:
+        raise TargetInputError(
+            f"ssh.identity {path} is not an OpenSSH/PEM private key ({type(exc).__name__}); "
+            "point it at the key file itself (not the .pub)"
+        ) from None
+
+
+def _load_known_hosts(client: object, path: str) -> None:
+    import paramiko
+
+    try:
+        client.load_host_keys(path)  # type: ignore[attr-defined]
+    except (paramiko.SSHException, ValueError, UnicodeDecodeError) as exc:
+        raise TargetInputError(
+            f"known_hosts file {path} cannot be read ({type(exc).__name__}: {exc}); "
+            "remove the bad lines (ssh-keygen -R HOST -f FILE) or point ssh.known_hosts "
+            "elsewhere"
+        ) from None
+
+
 class SshTarget:
     """A remote machine through Fabric; host keys are verified unless explicitly relaxed."""
 
@@ -196,14 +270,17 @@ class SshTarget:
         known_hosts: str | None = None,
         identity: str | None = None,
         connect_timeout: float = 20.0,
+        echo: bool = False,
     ) -> None:
         import paramiko
         from fabric import Connection
 
         self.spec = spec
+        self.echo = echo
         self.name = f"{spec.user + '@' if spec.user else ''}{spec.host}:{spec.port}"
         connect_kwargs: dict[str, object] = {}
         if identity:
+            _check_identity(os.path.expanduser(identity))
             connect_kwargs["key_filename"] = [os.path.expanduser(identity)]
         self.conn = Connection(
             host=spec.host,
@@ -221,9 +298,20 @@ class SshTarget:
             client.set_missing_host_key_policy(paramiko.RejectPolicy())
         for path in [known_hosts, "~/.ssh/known_hosts"]:
             if path and os.path.exists(os.path.expanduser(path)):
-                client.load_host_keys(os.path.expanduser(path))
+                _load_known_hosts(client, os.path.expanduser(path))
         try:
             self.conn.open()
+        except paramiko.BadAuthenticationType as exc:
+            raise TargetInputError(
+                f"{self.name} accepts only {', '.join(exc.allowed_types) or 'other'} "
+                "authentication; provisioning logs in with a key: install yours with "
+                f"`ssh-copy-id -p {spec.port} {self.name.rsplit(':', 1)[0]}` or set ssh.identity"
+            ) from exc
+        except paramiko.AuthenticationException as exc:
+            raise TargetInputError(
+                f"{self.name} refused every key offered ({exc}); install your public key with "
+                f"`ssh-copy-id -p {spec.port} {self.name.rsplit(':', 1)[0]}` or set ssh.identity"
+            ) from exc
         except paramiko.SSHException as exc:
             hint = ""
             if "not found in known_hosts" in str(exc) or "Server" in str(exc):
@@ -236,6 +324,10 @@ class SshTarget:
         except OSError as exc:
             raise TargetError(f"cannot connect to {self.name}: {exc}") from exc
 
+    def _echo(self, cmd: str) -> None:
+        if self.echo:
+            print(f"[{self.name}] $ {cmd}", flush=True)
+
     def _wrap(self, cmd: str, env: dict[str, str] | None) -> str:
         prefix = "".join(f"{k}={shlex.quote(v)} " for k, v in (env or {}).items())
         return f"{prefix}/bin/sh -c {shlex.quote(cmd)}"
@@ -243,6 +335,7 @@ class SshTarget:
     def run(self, cmd: str, timeout: float = 120.0, env: dict[str, str] | None = None) -> RunResult:
         from invoke.exceptions import CommandTimedOut
 
+        self._echo(cmd)
         try:
             res = self.conn.run(
                 self._wrap(cmd, env), hide=True, warn=True, timeout=timeout, in_stream=False
@@ -260,6 +353,7 @@ class SshTarget:
     ) -> int:
         from invoke.exceptions import CommandTimedOut
 
+        self._echo(cmd)
         log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(log_path, "a", encoding="utf-8") as log:
             log.write(f"$ {cmd}\n")

@@ -1,9 +1,10 @@
 """`invoke provision`: take this machine or a board (--host) to a state where torch-fl builds and
-`torch.compile(backend="bpu")` compiles, and prove it. Exit 0 done, 1 a step failed, 2 bad input."""
+`torch.compile(backend="bpu")` compiles, and prove it. Exit 0 done, 1 a step failed, 2 bad input, 130 interrupted (Ctrl-C, SIGTERM)."""
 
 from __future__ import annotations
 
 import re
+import sys
 import time
 from pathlib import Path
 
@@ -15,9 +16,12 @@ from provision import facts as facts_mod
 from provision import multihost, plan
 from provision import report as report_mod
 from provision.steps import Context, Options, all_steps
-from provision.target import LocalTarget, SshTarget, TargetError
+from provision.target import LocalTarget, SshTarget, TargetError, TargetInputError, q
+from scripts import outpaths
+from scripts.tasks.cli import CliTask, sigterm_as_interrupt
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
+REPORT_DIR = PROJECT_ROOT / "out" / "provision"
 
 
 def _bad_input(message: str) -> Exit:
@@ -31,17 +35,54 @@ def _controller_cache() -> Path:
     return Path(base) / "torch-fl" / "provision"
 
 
+def _report_path(json_flag: str | None, target_name: str, dry: bool) -> Path:
+    """The report file; a dry run writes beside the real report, never over it."""
+    slug = re.sub(r"[^A-Za-z0-9_.-]+", "_", target_name)
+    path = Path(json_flag).expanduser() if json_flag else REPORT_DIR / f"{slug}.json"
+    return path.with_name(f"{path.stem}.dry{path.suffix or '.json'}") if dry else path
+
+
+def _check_report_path(flag: str, path: Path) -> None:
+    problem = outpaths.file_problem(path)
+    if problem:
+        raise _bad_input(f"{flag} {str(path)!r}: {problem}")
+
+
+_ENV_DIR_CHECK = (
+    'd=$(dirname "$1"); while [ ! -e "$d" ]; do d=$(dirname "$d"); done; '
+    'if [ -d "$d" ] && [ -w "$d" ]; then echo ok; else echo "$d"; fi'
+)
+
+
+def _check_env_file_writable(target, facts: dict) -> None:
+    """The env file's directory must be writable before any step changes the target."""
+    path = str(facts.get("env_file") or "")
+    if not path:
+        return
+    rc, out, _ = target.run(f"sh -c {q(_ENV_DIR_CHECK)} _ {q(path)}", timeout=30)
+    blocker = out.strip()
+    if rc == 0 and blocker and blocker != "ok":
+        raise _bad_input(
+            f"the env file {path} cannot be written on {target.name}: {blocker} is not a "
+            "writable directory; fix its permissions or set FLAGOS_BPU_ENV_FILE (or "
+            "XDG_CONFIG_HOME) to a writable place, or --skip envfile"
+        )
+
+
 @task(
+    klass=CliTask,
+    short={"host": "H"},
     iterable=["host"],
     help={
-        "host": "provision user@addr[:port] over SSH instead of this machine; several "
+        "host": "provision user@addr[:port] over SSH instead of this machine (-H); several "
         "(a,b or repeated --host) run in parallel",
-        "dry": "print the plan, change nothing",
+        "dry": "print the plan, change nothing (invoke's own --dry does the same)",
         "only": "comma-separated steps to run (others skipped)",
         "skip": "comma-separated steps to skip",
         "artifacts": "directory with pinned tarballs/probe (offline boards; checked by sha256)",
         "oe-wheels": "directory with the vendor OE package's hbdk4 wheels",
-        "report": "JSON report path (default out/provision/<target>.json)",
+        "json": "JSON report path (default out/provision/<target>.json; dry runs: <name>.dry.json)",
+        "report": "older spelling of --json",
         "insecure-host-key": "accept an unknown SSH host key (throwaway test hosts only)",
         "config": "YAML file overriding provision/provision.yaml",
     },
@@ -56,16 +97,31 @@ def provision(
     oe_wheels=None,
     insecure_host_key=False,
     config=None,
+    json=None,
     report=None,
 ):
     """Provision this machine or a board; see docs/provisioning.md."""
+    with sigterm_as_interrupt():
+        _provision(c, host, dry, only, skip, artifacts, oe_wheels, insecure_host_key, config,
+                   json, report)  # fmt: skip
+
+
+def _provision(c, host, dry, only, skip, artifacts, oe_wheels, insecure_host_key, config, json,
+               report):  # fmt: skip
     started = time.time()
+    run_cfg = getattr(getattr(c, "config", None), "run", None) or {}
+    # invoke's core flags: `invoke --dry provision` plans only, `invoke -e provision` echoes.
+    dry = bool(dry or run_cfg.get("dry"))
+    echo = bool(run_cfg.get("echo"))
+    if json and report and json != report:
+        raise _bad_input("--json and --report are the same option; give one of them")
+    json_flag = json or report
+    flag_name = "--json" if json else "--report"
     try:
         section = c.config.get("provision") if hasattr(c, "config") else None
         cfg = config_mod.load(config, dict(section) if section else None)
         selected = plan.select(only, skip, cfg["steps"]["skip"])
         specs = multihost.split_hosts(host)
-        spec = specs[0] if len(specs) == 1 else None
         art_dir = Path(artifacts).expanduser() if artifacts else None
         if art_dir is not None and not art_dir.is_dir():
             raise ValueError(f"--artifacts {artifacts} is not a directory")
@@ -76,46 +132,47 @@ def provision(
             list_wheels(wheel_dir)
     except (config_mod.ConfigError, ValueError) as exc:
         raise _bad_input(str(exc)) from exc
+    if json_flag:
+        _check_report_path(flag_name, Path(json_flag).expanduser())
+    options = Options(artifacts=art_dir, oe_wheels=wheel_dir, dry=dry)
 
     if len(specs) > 1:
-        out_dir = Path(report).parent if report else PROJECT_ROOT / "out" / "provision"
+        out_dir = Path(json_flag).parent if json_flag else REPORT_DIR
         code = multihost.run_cli(
             specs,
             cfg=cfg,
             selected=selected,
-            options=Options(artifacts=art_dir, oe_wheels=wheel_dir, dry=dry),
+            options=options,
             insecure_host_key=insecure_host_key,
             out_dir=out_dir,
             work_root=_controller_cache(),
-            combined_path=Path(report) if report else None,
+            combined_path=Path(json_flag) if json_flag else None,
         )
         if code:
             raise Exit(code=code)
         return
 
     try:
-        if spec is None:
-            target = LocalTarget()
-        else:
-            target = SshTarget(
-                spec,
-                insecure_host_key=insecure_host_key,
-                known_hosts=cfg["ssh"]["known_hosts"] or None,
-                identity=cfg["ssh"]["identity"] or None,
-                connect_timeout=float(cfg["ssh"]["connect_timeout_s"]),
-            )
-    except TargetError as exc:
-        raise Exit(message=f"provision: {exc}", code=1) from exc
-
-    slug = re.sub(r"[^A-Za-z0-9_.-]+", "_", target.name)
-    out_path = Path(report) if report else PROJECT_ROOT / "out" / "provision" / f"{slug}.json"
+        target = _open_target(specs[0] if specs else None, cfg, insecure_host_key, echo)
+    except KeyboardInterrupt:
+        print("provision: interrupted while connecting; nothing was changed", file=sys.stderr)
+        raise Exit(code=plan.INTERRUPTED_CODE) from None
+    out_path = _report_path(json_flag, target.name, dry)
+    _check_report_path(flag_name, out_path)
     try:
-        facts = facts_mod.gather(target)
+        try:
+            facts = facts_mod.gather(target)
+            if "envfile" in selected and not dry:
+                _check_env_file_writable(target, facts)
+        except KeyboardInterrupt:
+            print("provision: interrupted before any step ran; nothing was changed",
+                  file=sys.stderr)  # fmt: skip
+            raise Exit(code=plan.INTERRUPTED_CODE) from None
         ctx = Context(
             target=target,
             facts=facts,
             config=cfg,
-            options=Options(artifacts=art_dir, oe_wheels=wheel_dir, dry=dry),
+            options=options,
             log_dir=out_path.parent / "logs",
             work_dir=_controller_cache(),
         )
@@ -125,7 +182,13 @@ def provision(
             f"{' (dry run)' if dry else ''}"
         )
         steps = [s for s in all_steps() if s.name in selected]
-        outcomes = plan.dry_run(ctx, steps) if dry else plan.apply_run(ctx, steps)
+        try:
+            outcomes = plan.dry_run(ctx, steps) if dry else plan.apply_run(ctx, steps)
+        except KeyboardInterrupt:
+            # Interrupted in a read-only check (a dry run): nothing was applied.
+            print("provision: interrupted during the checks; nothing was applied",
+                  file=sys.stderr)  # fmt: skip
+            raise Exit(code=plan.INTERRUPTED_CODE) from None
         code = plan.exit_code(outcomes, dry)
         doc = report_mod.build(
             target=target.name,
@@ -144,8 +207,36 @@ def provision(
         target.close()
     print(report_mod.table(outcomes))
     print(f"actions: {doc['actions']}  report: {out_path}")
+    stopped = plan.interrupted(outcomes)
+    if stopped is not None:
+        done = [o.name for o in outcomes if o.action in ("none", "apply")]
+        print(
+            f"provision: interrupted during step {stopped.name}; finished: "
+            f"{', '.join(done) or 'none'}. Re-run the same command to resume (finished steps "
+            "check ok and are skipped; a half-done install is detected and redone).",
+            file=sys.stderr,
+        )
     if code:
         raise Exit(code=code)
+
+
+def _open_target(spec, cfg: dict, insecure_host_key: bool, echo: bool):
+    """This machine, or one host over SSH; input problems exit 2, unreachable hosts 1."""
+    if spec is None:
+        return LocalTarget(echo=echo)
+    try:
+        return SshTarget(
+            spec,
+            insecure_host_key=insecure_host_key,
+            known_hosts=cfg["ssh"]["known_hosts"] or None,
+            identity=cfg["ssh"]["identity"] or None,
+            connect_timeout=float(cfg["ssh"]["connect_timeout_s"]),
+            echo=echo,
+        )
+    except TargetInputError as exc:
+        raise _bad_input(str(exc)) from exc
+    except TargetError as exc:
+        raise Exit(message=f"provision: {exc}", code=1) from exc
 
 
 def register(ns: Collection) -> None:

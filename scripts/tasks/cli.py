@@ -37,8 +37,8 @@ class CliTask(Task):
         super().__init__(*args, **kwargs)
 
     def arg_opts(self, name: str, default: str, taken_names: set[str]) -> dict[str, Any]:
-        # `h` is reserved for help; chosen letters are reserved for their flags.
-        reserved = {"h", *self.short.values()}
+        # `-h` is help and `-e` invoke's own --echo; chosen letters are kept for their flags.
+        reserved = {"h", "e", *self.short.values()}
         opts = super().arg_opts(name, default, set(taken_names) | reserved)
         if name in self.short:
             opts["names"] = [opts["names"][0], self.short[name]]

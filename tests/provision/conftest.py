@@ -78,7 +78,8 @@ def _keygen(path: Path) -> str:
 
 
 class SshServer:
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, first_config: str = "") -> None:
+        # sshd keeps the first value of a directive: `first_config` overrides the defaults below.
         if not os.path.exists(SSHD):
             pytest.skip("OpenSSH server not installed (apt-get install openssh-server)")
         self.root = root
@@ -106,7 +107,8 @@ class SshServer:
         )
         cfg = root / "sshd_config"
         cfg.write_text(
-            f"Port {self.port}\nListenAddress 127.0.0.1\nHostKey {keys / 'host_ed25519'}\n"
+            first_config
+            + f"Port {self.port}\nListenAddress 127.0.0.1\nHostKey {keys / 'host_ed25519'}\n"
             f"AuthorizedKeysFile {auth}\nPidFile {root / 'sshd.pid'}\nStrictModes no\n"
             "PasswordAuthentication no\nKbdInteractiveAuthentication no\nUsePAM no\n"
             "PermitRootLogin prohibit-password\nSubsystem sftp internal-sftp\nLogLevel ERROR\n"
@@ -153,6 +155,19 @@ class SshServer:
                 os.kill(self.proc.pid, 9)
                 self.proc.wait()
         self.log.close()
+
+
+@pytest.fixture
+def password_only_sshd(tmp_path: Path):
+    """An sshd that refuses keys and offers only passwords (a freshly flashed board's default)."""
+    server = SshServer(
+        tmp_path / "sshd-password",
+        first_config="PubkeyAuthentication no\nPasswordAuthentication yes\n",
+    )
+    try:
+        yield server
+    finally:
+        server.stop()
 
 
 @pytest.fixture

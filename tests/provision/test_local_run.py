@@ -28,11 +28,14 @@ def load_env_reader():
 def test_dry_changes_nothing(iso, fast_config, provision_cli):
     root, env = iso
     before = snapshot(root)
-    rep = root / "dry.json"
+    rep = root / "r.json"
     res = provision_cli(env, "--dry", "--config", str(fast_config), "--report", str(rep))
     assert res.returncode == 0, res.stdout + res.stderr
+    # A dry run's report goes beside the real one (r.dry.json), never over it.
+    assert not rep.exists()
+    doc = json.loads((root / "r.dry.json").read_text())
+    (root / "r.dry.json").unlink()
     assert snapshot(root) == before
-    doc = json.loads(rep.read_text())
     report.validate(doc)
     assert doc["dry"] is True and doc["actions"] == 0
     actions = {s["name"]: s["action"] for s in doc["steps"]}
@@ -77,7 +80,7 @@ def test_interrupted_install_is_redone(iso, fast_config, provision_cli):
     marker = root / "data" / "torch-fl" / "x86-python" / ".complete.json"
     marker.unlink()
     dry = provision_cli(env, "--dry", "--only", "x86_python", "--report", str(rep))
-    step = json.loads(rep.read_text())["steps"][0]
+    step = json.loads(rep.with_name(f"{rep.stem}.dry.json").read_text())["steps"][0]
     assert dry.returncode == 0 and step["before"]["status"] == "needed"
     assert "partial install" in step["before"]["detail"]
     again = provision_cli(env, "--only", "x86_python", "--report", str(rep))
@@ -125,7 +128,7 @@ def test_build_verify_compiles_with_bpu_backend(iso, provision_cli):
     rep = root / "bv.json"
     res = provision_cli(env, "--dry", "--only", "build_verify", "--report", str(rep))
     assert res.returncode == 0, res.stdout + res.stderr
-    step = json.loads(rep.read_text())["steps"][0]
+    step = json.loads((root / "bv.dry.json").read_text())["steps"][0]
     result = step["before"]["facts"]["result"]
     assert step["before"]["status"] == "ok", step["before"]["detail"]
     assert result["backend_registered"] is True

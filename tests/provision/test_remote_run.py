@@ -72,5 +72,5 @@ def test_insecure_flag_relaxes_host_key_check(sshd, iso, fast_config, provision_
         str(rep),
     )
     assert res.returncode == 0, res.stdout + res.stderr
-    assert json.loads(rep.read_text())["dry"] is True
+    assert json.loads((root / "r.dry.json").read_text())["dry"] is True
     assert not (sshd.remote / "data").exists(), "--dry must not change the target"

@@ -283,6 +283,18 @@ def test_bad_flags_fail_before_any_lane_runs(
     assert not (root / "out/matrix/logs").exists()
 
 
+@pytest.fixture
+def no_lanes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The CLI cases must fail before any lane of the real matrix.yaml starts."""
+
+    def refuse(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("a lane started")
+
+    monkeypatch.setattr(runner_mod, "run_pytest_lane", refuse)
+    monkeypatch.setattr(runner_mod, "run_ruff_lane", refuse)
+    monkeypatch.setattr(runner_mod, "detect", lambda: dict(CAPS))
+
+
 def _program() -> Program:
     ns = Collection()
     matrix_tasks.register(ns)
@@ -300,7 +312,7 @@ def _program() -> Program:
     ],
 )
 def test_invoke_flag_errors_exit_2_with_a_message(
-    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str], no_lanes: None
 ) -> None:
     with pytest.raises(SystemExit) as info:
         _program().run(["invoke", "test", *argv], exit=True)
