@@ -65,7 +65,8 @@ def test_concurrent_processes_build_once_and_never_tear(tmp_path):
     barrier = ctx.Barrier(3)
     log = tmp_path / "log"
     procs = [
-        ctx.Process(target=_writer, args=(tmp_path / "c", "k" * 64, log, barrier)) for _ in range(3)
+        ctx.Process(target=_writer, args=(tmp_path / "c", "c0" * 32, log, barrier))
+        for _ in range(3)
     ]
     for p in procs:
         p.start()
@@ -73,7 +74,7 @@ def test_concurrent_processes_build_once_and_never_tear(tmp_path):
         p.join(60)
     assert [p.exitcode for p in procs] == [0, 0, 0]
     assert log.read_text().count("built") == 1
-    assert ArtifactCache(tmp_path / "c").get("k" * 64) is not None
+    assert ArtifactCache(tmp_path / "c").get("c0" * 32) is not None
 
 
 def test_corrupt_artifact_detected_and_rebuilt(cache_dir):

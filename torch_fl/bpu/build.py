@@ -17,6 +17,7 @@ import hashlib
 import json
 import tempfile
 import time
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -83,6 +84,8 @@ class BuildResult:
     compiler_id: str
     timings: dict = field(default_factory=dict)
     hbm_path: str | None = None
+    temporary: bool = False
+    """hbm_path lies in a temporary directory (no cache) that the caller removes after loading."""
 
 
 def graph_key(
@@ -166,10 +169,8 @@ def build(
             # (that is how a cache compiled on an x86 host is used).
             candidates += [k for c, k in sorted(index.items()) if c != "none"]
         for key in candidates:
-            art = cache.get(key)
-            if art is None or (need_hbm and art.file("model.hbm") is None):
-                continue
-            if art.file(LIVE_MODEL) is None:
+            art = _owned_artifact(cache, key, gkey, need_hbm)
+            if art is None:
                 continue
             timings["total_s"] = time.perf_counter() - start
             hbm = art.file("model.hbm")
@@ -204,7 +205,8 @@ def build(
             f"({info.detail if info else 'not probed'}). Fix: compile on an x86_64 host "
             "(`invoke compile-host`) and `invoke ship-cache`, or provision the emulated compiler"
         )
-    key = artifact_key(onnx_bytes, settings.march, compiler_id, PIPELINE_VERSION)
+    onnx_sha256 = hashlib.sha256(onnx_bytes).hexdigest()
+    key = artifact_key(onnx_sha256, settings.march, compiler_id, PIPELINE_VERSION, gkey)
     compiled = False
 
     def make() -> tuple[dict[str, bytes], dict]:
@@ -215,6 +217,7 @@ def build(
             "compiler_id": compiler_id,
             "pipeline": PIPELINE_VERSION,
             "graph_key": gkey,
+            "onnx_sha256": onnx_sha256,
             "fingerprint": spec.fingerprint,
             "input_names": list(spec.input_names),
             "output_names": spec.output_names,
@@ -240,10 +243,50 @@ def build(
         files, _meta = make()
         art, hbm_path = None, None
         if "model.hbm" in files:
+            # The executor loads it at construction and the caller removes the directory then
+            # (BuildResult.temporary), so uncached builds leave nothing behind.
             tmp = Path(tempfile.mkdtemp(prefix="torch-fl-bpu-")) / "model.hbm"
             tmp.write_bytes(files["model.hbm"])
             hbm_path = str(tmp)
     timings["total_s"] = time.perf_counter() - start
-    return BuildResult(
+    result = BuildResult(
         art, onnx_bytes, live_bytes, gkey, False, True, compiled, compiler_id, timings, hbm_path
     )
+    result.temporary = art is None and hbm_path is not None
+    return result
+
+
+REQUIRED_FILES = ("model.onnx", LIVE_MODEL)
+
+
+def _owned_artifact(cache: ArtifactCache, key: str, gkey: str, need_hbm: bool):
+    """The cached artifact `key` if it proves it was built for graph `gkey`, else None.
+
+    The index only suggests keys; the artifact's manifest must record this graph key and the
+    digest of its model.onnx, and the key must be the hash of exactly those, so an index entry
+    pointing at another graph's artifact is never run.
+    """
+    art = cache.get(key)
+    if art is None:
+        return None
+    meta = art.meta
+    missing = [name for name in REQUIRED_FILES if art.file(name) is None]
+    if missing:
+        cache._discard(art.path, f"artifact lacks {', '.join(missing)}")
+        return None
+    digest = meta["files"]["model.onnx"]["sha256"]
+    fields = [meta.get(k) for k in ("march", "compiler_id", "pipeline")]
+    expected = (
+        artifact_key(digest, *fields, gkey) if all(isinstance(f, str) for f in fields) else None
+    )
+    if meta.get("graph_key") != gkey or meta.get("onnx_sha256") != digest or expected != key:
+        warnings.warn(
+            f"torch_fl.bpu cache: index entry for graph {gkey[:16]}... points at {art.path}, "
+            f"which belongs to graph {str(meta.get('graph_key'))[:16]}...; ignored, will rebuild",
+            RuntimeWarning,
+            stacklevel=4,
+        )
+        return None
+    if need_hbm and art.file("model.hbm") is None:
+        return None
+    return art

@@ -7,36 +7,111 @@ Layout under the cache root ($FLAGOS_BPU_CACHE, default ~/.cache/torch-fl/bpu):
                           FX graph + weight bytes alone, with no ONNX export and no compiler call
   locks/<name>.lock       fcntl locks serialising builders of the same key across processes
 
-`key` hashes the canonical quantized ONNX bytes, the march, the compiler identity and the
-pipeline version, so op arguments, wiring and every weight byte change it. An entry is visible
-only after os.replace of a complete directory, and a file whose sha256 no longer matches its
-manifest is treated as missing (removed and rebuilt), never loaded.
+`key` hashes the graph key, the sha256 of the canonical quantized ONNX bytes, the march, the
+compiler identity and the pipeline version, so op arguments, wiring and every weight byte change
+it, and an artifact belongs to exactly one graph. An entry is visible only after os.replace of a
+complete directory, and a file whose sha256 no longer matches its manifest is treated as missing
+(removed and rebuilt), never loaded.
+
+Nothing read from disk is trusted: keys must be sha256 hex digests (so no path can leave the
+cache directory), manifests and index files must have the expected shape, and file names in a
+manifest must be plain names. Anything else is discarded with a one-line warning and rebuilt.
+A cache that cannot be written (a regular file in its place, read-only, full) raises one
+`CacheError` naming the path and the fix; a failed write leaves nothing half-written.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import hashlib
 import json
 import os
+import re
 import shutil
 import tempfile
 import time
+import warnings
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from torch_fl.bpu.errors import BpuError
+
 MANIFEST = "manifest.json"
+_HEX_KEY = re.compile(r"[0-9a-f]{64}")
+_FILE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
 
 
-def artifact_key(onnx_bytes: bytes, march: str, compiler_id: str, pipeline_version: str) -> str:
+class CacheError(BpuError, OSError):
+    """The cache directory cannot be used; the message names the path and the fix."""
+
+
+def is_key(key: object) -> bool:
+    """A sha256 hex digest: the only form of key (and file stem) this cache uses."""
+    return isinstance(key, str) and _HEX_KEY.fullmatch(key) is not None
+
+
+def artifact_key(
+    onnx_sha256: str, march: str, compiler_id: str, pipeline_version: str, graph_key: str
+) -> str:
     h = hashlib.sha256()
-    for part in (pipeline_version, march, compiler_id):
+    for part in (pipeline_version, march, compiler_id, graph_key, onnx_sha256):
         h.update(part.encode())
         h.update(b"\0")
-    h.update(onnx_bytes)
     return h.hexdigest()
+
+
+def _warn(message: str) -> None:
+    warnings.warn(f"torch_fl.bpu cache: {message}", RuntimeWarning, stacklevel=3)
+
+
+def _fix(exc: OSError) -> str:
+    if exc.errno == errno.ENOSPC or exc.errno == errno.EDQUOT:
+        return "free disk space, or point the cache elsewhere"
+    if exc.errno in (errno.ENOTDIR, errno.EEXIST):
+        return "remove or rename that file, or point the cache elsewhere"
+    return "make it writable, or point the cache elsewhere"
+
+
+@contextlib.contextmanager
+def writing(root: Path, what: str) -> Iterator[None]:
+    """Turn an OSError while writing the cache into one CacheError naming the path and fix."""
+    try:
+        yield
+    except CacheError:
+        raise
+    except OSError as exc:
+        if exc.errno in (errno.ENOTDIR, errno.EEXIST) or root.is_file():
+            problem = f"{root} is not a directory (a regular file is in its place)"
+        else:
+            problem = f"cannot {what} under {root}: {exc.strerror or exc}"
+        raise CacheError(
+            exc.errno or errno.EIO,
+            f"bpu cache: {problem}. Fix: {_fix(exc)} "
+            "(options={'cache_dir': ...} or $FLAGOS_BPU_CACHE), or compile with "
+            "options={'cache': False}",
+        ) from None
+
+
+def _valid_manifest(meta: object, key: str) -> str:
+    """'' if `meta` has the shape `put` writes, else what is wrong with it."""
+    if not isinstance(meta, dict):
+        return f"manifest is a {type(meta).__name__}, not an object"
+    files = meta.get("files")
+    if not isinstance(files, dict) or not files:
+        return "manifest lists no files"
+    for name, info in files.items():
+        if not isinstance(name, str) or not _FILE_NAME.fullmatch(name) or name == MANIFEST:
+            return f"manifest names a file {name!r} that is not a plain file name"
+        if not isinstance(info, dict):
+            return f"manifest entry for {name} is not an object"
+        if not (isinstance(info.get("sha256"), str) and isinstance(info.get("size"), int)):
+            return f"manifest entry for {name} has no sha256/size"
+    if meta.get("key") != key:
+        return f"manifest belongs to key {str(meta.get('key'))[:16]}..., not {key[:16]}..."
+    return ""
 
 
 def _sha256_file(path: Path) -> str:
@@ -85,8 +160,10 @@ class ArtifactCache:
     @contextlib.contextmanager
     def lock(self, name: str) -> Iterator[None]:
         path = self.root / "locks" / f"{name}.lock"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with open(path, "a+b") as fh:
+        with writing(self.root, "create a lock file"):
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fh = open(path, "a+b")  # noqa: SIM115 - closed below, after the lock is released
+        with fh:
             fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
             try:
                 yield
@@ -98,55 +175,77 @@ class ArtifactCache:
         return self.root / "artifacts" / key
 
     def get(self, key: str) -> Artifact | None:
-        """The verified entry for `key`; a corrupt one is removed and reported as missing."""
+        """The verified entry for `key`; a corrupt one is removed (with a warning) and reported
+        as missing. A key that is not a hex digest is a miss that touches nothing."""
+        if not is_key(key):
+            return None
         directory = self._dir(key)
         manifest = directory / MANIFEST
         try:
             meta = json.loads(manifest.read_text(encoding="utf-8"))
         except FileNotFoundError:
             return None
-        except (OSError, ValueError):
-            self._discard(directory)
+        except NotADirectoryError:
+            return None  # the cache root or artifacts/ is a file: put() reports it
+        except (OSError, ValueError) as exc:
+            self._discard(directory, f"unreadable manifest ({type(exc).__name__})")
             return None
-        for name, info in meta.get("files", {}).items():
+        problem = _valid_manifest(meta, key)
+        if problem:
+            self._discard(directory, problem)
+            return None
+        for name, info in meta["files"].items():
             path = directory / name
             try:
                 ok = path.stat().st_size == info["size"] and _sha256_file(path) == info["sha256"]
-            except (OSError, KeyError, TypeError):
+            except OSError:
                 ok = False
             if not ok:
-                self._discard(directory)
+                self._discard(directory, f"{name} does not match its manifest")
                 return None
         return Artifact(key, directory, meta)
 
-    def _discard(self, directory: Path) -> None:
+    def _discard(self, directory: Path, reason: str = "") -> None:
+        # Only ever a directory directly under artifacts/ whose name is a key.
+        if directory.parent != self.root / "artifacts" or not is_key(directory.name):
+            raise ValueError(f"refusing to discard {directory}: not a cache entry")
+        if reason:
+            _warn(f"{directory}: {reason}; discarded, will rebuild")
         # Move aside first so a concurrent reader never sees a half-deleted directory.
         trash = directory.with_name(f".trash-{directory.name}-{os.getpid()}-{time.time_ns()}")
-        with contextlib.suppress(FileNotFoundError):
+        with contextlib.suppress(FileNotFoundError, NotADirectoryError):
             os.replace(directory, trash)
             shutil.rmtree(trash, ignore_errors=True)
 
     def put(self, key: str, files: Mapping[str, bytes], meta: Mapping) -> Artifact:
         """Store a complete entry atomically (callers hold `lock(key)`)."""
+        if not is_key(key):
+            raise CacheError(errno.EINVAL, f"bpu cache: key {key!r:.80} is not a sha256 hex digest")
+        for name in files:
+            if not _FILE_NAME.fullmatch(name) or name == MANIFEST:
+                raise CacheError(errno.EINVAL, f"bpu cache: {name!r} is not a plain file name")
         final = self._dir(key)
-        final.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".tmp-{key[:16]}-"))
-        try:
-            listing = {}
-            for name, data in files.items():
-                (tmp / name).write_bytes(data)
-                listing[name] = {"sha256": hashlib.sha256(data).hexdigest(), "size": len(data)}
-            manifest = dict(meta, key=key, files=listing, created=time.time())
-            (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True))
-            if final.exists():
-                self._discard(final)
-            os.replace(tmp, final)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
+        with writing(self.root, "write an artifact"):
+            final.parent.mkdir(parents=True, exist_ok=True)
+            tmp = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".tmp-{key[:16]}-"))
+            try:
+                listing = {}
+                for name, data in files.items():
+                    (tmp / name).write_bytes(data)
+                    listing[name] = {"sha256": hashlib.sha256(data).hexdigest(), "size": len(data)}
+                manifest = dict(meta, key=key, files=listing, created=time.time())
+                (tmp / MANIFEST).write_bytes(
+                    json.dumps(manifest, indent=1, sort_keys=True).encode()
+                )
+                if final.exists():
+                    self._discard(final)
+                os.replace(tmp, final)
+            except BaseException:
+                shutil.rmtree(tmp, ignore_errors=True)
+                raise
         artifact = self.get(key)
         if artifact is None:  # pragma: no cover - would mean the disk lies
-            raise OSError(f"artifact {key} failed verification right after writing it")
+            raise CacheError(errno.EIO, f"bpu cache: {final} failed verification after writing")
         return artifact
 
     def get_or_build(
@@ -165,20 +264,39 @@ class ArtifactCache:
 
     # -- index: graph key -> artifact keys -----------------------------------------------------
     def index_lookup(self, graph_key: str) -> dict[str, str]:
-        try:
-            data = json.loads((self.root / "index" / f"{graph_key}.json").read_text())
-        except (OSError, ValueError):
+        """{compiler_id: artifact key} for `graph_key`; malformed content is dropped (warned)."""
+        if not is_key(graph_key):
             return {}
-        return data if isinstance(data, dict) else {}
+        path = self.root / "index" / f"{graph_key}.json"
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (FileNotFoundError, NotADirectoryError):
+            return {}
+        except (OSError, ValueError) as exc:
+            _warn(f"{path}: unreadable index ({type(exc).__name__}); ignored, will rebuild")
+            return {}
+        if not isinstance(data, dict):
+            _warn(f"{path}: index is a {type(data).__name__}, not an object; ignored")
+            return {}
+        good = {c: k for c, k in data.items() if isinstance(c, str) and is_key(k)}
+        if len(good) != len(data):
+            bad = sorted(str(c) for c in data if c not in good)
+            _warn(f"{path}: index entries {bad} are not artifact keys; ignored, will rebuild")
+        return good
 
     def index_record(self, graph_key: str, compiler_id: str, key: str) -> None:
+        if not (is_key(graph_key) and is_key(key)):
+            raise CacheError(errno.EINVAL, "bpu cache: index keys must be sha256 hex digests")
         with self.lock(f"index-{graph_key}"):
-            data = self.index_lookup(graph_key)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # already reported by the lookup that missed
+                data = self.index_lookup(graph_key)
             data[compiler_id] = key
-            _atomic_write(
-                self.root / "index" / f"{graph_key}.json",
-                json.dumps(data, sort_keys=True).encode(),
-            )
+            with writing(self.root, "write the index"):
+                _atomic_write(
+                    self.root / "index" / f"{graph_key}.json",
+                    json.dumps(data, sort_keys=True).encode(),
+                )
 
     # -- maintenance ----------------------------------------------------------------------------
     def entries(self) -> list[dict]:
@@ -193,7 +311,12 @@ class ArtifactCache:
                 meta = json.loads((directory / MANIFEST).read_text())
             except (OSError, ValueError):
                 meta = {"corrupt": True}
-            size = sum(f.stat().st_size for f in directory.iterdir() if f.is_file())
+            if not is_key(directory.name) or _valid_manifest(meta, directory.name):
+                meta = {"corrupt": True}
+            try:
+                size = sum(f.stat().st_size for f in directory.iterdir() if f.is_file())
+            except OSError:
+                size = 0
             out.append(
                 {
                     "key": directory.name,
@@ -215,6 +338,8 @@ class ArtifactCache:
             created = entry.get("created") or 0
             if older_than_s is not None and now - created < older_than_s:
                 continue
+            if not is_key(entry["key"]):
+                continue  # not ours: never delete what this cache did not write
             with self.lock(entry["key"]):
                 self._discard(self._dir(entry["key"]))
             removed += 1

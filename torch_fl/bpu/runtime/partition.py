@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import contextvars
 import logging
+import os
+import shutil
 import warnings
 from collections.abc import Sequence
 
@@ -18,7 +20,7 @@ import torch
 from torch.autograd.profiler import record_function
 
 from torch_fl.bpu import build as builder
-from torch_fl.bpu.conversion.calibration import RangeObserver
+from torch_fl.bpu.conversion.calibration import RangeObserver, health
 from torch_fl.bpu.conversion.freezing import FrozenWeights
 from torch_fl.bpu.errors import BpuError
 from torch_fl.bpu.report import PartitionEntry
@@ -139,6 +141,8 @@ class PartitionRuntime(torch.nn.Module):
             )
             observer.observe([args[i].detach().numpy() for i in self.spec.runtime_positions])
             self.scales = observer.scales()
+            label = f"partition {self.spec.index}"
+            self.entry.quant_health = health(observer, self.scales, settings.act_scale, label)
         try:
             result = builder.build(
                 self.spec, args, settings, self.scales, kind == "hbm", compile_artifact
@@ -153,7 +157,13 @@ class PartitionRuntime(torch.nn.Module):
                     list(zip(spec.weight_names, spec.frozen_positions, strict=True)),
                 )
             elif kind == "hbm":
-                executor = HbmExecutor(result.hbm_path, self.spec.input_names, result_outputs(self))
+                try:
+                    executor = HbmExecutor(
+                        result.hbm_path, self.spec.input_names, result_outputs(self)
+                    )
+                finally:
+                    if result.temporary:  # loaded (or failed): the uncached file is not needed
+                        shutil.rmtree(os.path.dirname(result.hbm_path), ignore_errors=True)
         except Exception as exc:
             if settings.strict or settings.executor != "auto":
                 if settings.strict:
