@@ -81,22 +81,21 @@ def run_model(name: str, scale: str, iters: int, timing: bool, inductor: bool, c
     torch._dynamo.reset()
     sim = torch.compile(model, backend="bpu", options={**base, "executor": "sim"})
     try:
-        with torch.no_grad():
+        with torch.no_grad(), report.collect() as sim_reps:
             row["cosine_default"] = _cos(sim(x), ref)
     except Exception as exc:  # keep the coverage numbers of a model whose export fails
         row["error"] = f"sim: {type(exc).__name__}: {str(exc)[:200]}"
         return row
     generator = torch.Generator().manual_seed(7)
     samples = [torch.randn(x.shape, generator=generator) for _ in range(8)]
-    with report.collect() as reps, warnings.catch_warnings(record=True) as caught:
+    with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         bpu.calibrate(sim, samples)
         with torch.no_grad():
             row["cosine_calibrated"] = _cos(sim(x), ref)
     row["quant_warnings"] = [str(w.message) for w in caught if "quantization" in str(w.message)]
-    health = getattr(report, "health_of", None)
-    if health is not None:
-        row["health"] = health(sim)
+    row["health"] = [p.quant_health for g in sim_reps for p in g.partitions]
+    row["health_cosine_min"] = min((h["cosine"] for h in row["health"] if h), default=None)
     row["targets"] = {
         "coverage": row["coverage_pct"] >= COVERAGE_TARGET,
         "partitions": row["partitions"] <= PARTITION_TARGET,

@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from torch_fl.bpu.conversion.calibration import Calibration, RangeObserver
+from torch_fl.bpu.conversion.calibration import Calibration, RangeObserver, health
 from torch_fl.bpu.runtime import partition as runtime
 from torch_fl.bpu.settings import CALIB_METHODS
 
@@ -62,6 +62,9 @@ def calibrate(
     result = Calibration(method=method)
     for part, observer in session.observers.values():
         scales = observer.scales()
+        if part.settings.quantize:
+            label = f"partition {part.spec.index}"
+            part.entry.quant_health = health(observer, scales, part.settings.act_scale, label)
         part.set_scales(scales)
         result.scales[part.spec.fingerprint] = scales
     return result

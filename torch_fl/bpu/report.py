@@ -35,6 +35,8 @@ class PartitionEntry:
     artifact_key: str | None = None
     cache_hit: bool | None = None
     fingerprint: str = ""
+    quant_health: dict | None = None
+    """int8 vs float on the calibration samples (cosine, saturated/zeroed %), once calibrated."""
 
 
 @dataclass
@@ -125,6 +127,17 @@ class Report:
                 f"grad mode: {len(host)} graph(s) ran on the host as training graphs "
                 "(see the reasons below)"
             )
+        healths = [(g.graph_id, p) for g in self.graphs for p in g.partitions if p.quant_health]
+        if healths:
+            lines.append("int8 health (calibration samples): graph/part cosine sat% zeroed% worst")
+            for graph_id, p in healths:
+                h = p.quant_health
+                worst = h.get("worst_tensor", {})
+                flag = "  LOW" if h["cosine"] < 0.99 else ""
+                lines.append(
+                    f"  {graph_id}/{p.id} {h['cosine']:.5f} {h['saturated_pct']:.3f} "
+                    f"{h['zeroed_pct']:.3f} {worst.get('name', '-')}{flag}"
+                )
         if self.cpu_nodes:
             lines.append("left on the CPU:")
             for n in self.cpu_nodes:

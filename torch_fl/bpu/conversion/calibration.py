@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
@@ -20,6 +21,8 @@ import onnx
 from torch_fl.bpu.conversion.qdq import QMAX, activation_inputs
 
 FORMAT_VERSION = 1
+HEALTH_SAMPLES = 8  # calibration samples kept per partition to measure int8 against float
+HEALTH_COSINE = 0.99  # below this output cosine vs float, calibration warns
 
 
 class Calibration:
@@ -105,8 +108,14 @@ class RangeObserver:
         self.input_names = [i.name for i in self.session.get_inputs()]
         self.maxima: dict[str, float] = {}
         self.samples: dict[str, list[np.ndarray]] = {n: [] for n in self.names}
+        self.model = model
+        # the partition inputs of the first samples, kept to measure the int8 graph against the
+        # float one once the scales are known (`health`)
+        self.kept_inputs: list[list[np.ndarray]] = []
 
     def observe(self, inputs: Sequence[np.ndarray]) -> None:
+        if len(self.kept_inputs) < HEALTH_SAMPLES:
+            self.kept_inputs.append([np.array(a, copy=True) for a in inputs])
         feed = dict(zip(self.input_names, inputs, strict=False))
         values = self.session.run(self.names, feed) if self.names else []
         for name, value in zip(self.names, values, strict=False):
@@ -127,6 +136,104 @@ class RangeObserver:
             # An all-zero tensor still needs a valid (positive) scale.
             out[name] = bound / QMAX if bound > 0 else 1.0 / QMAX
         return out
+
+
+def _cosine(a: np.ndarray, b: np.ndarray) -> float:
+    a64, b64 = a.astype(np.float64).ravel(), b.astype(np.float64).ravel()
+    na, nb = float(np.linalg.norm(a64)), float(np.linalg.norm(b64))
+    if na == 0.0 or nb == 0.0:
+        return 1.0 if na == nb else 0.0
+    return float(a64 @ b64 / (na * nb))
+
+
+def _session(model: onnx.ModelProto):
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    # the same exact rounding the sim executor's reference path uses
+    options.add_session_config_entry("session.disable_quant_qdq", "1")
+    return ort.InferenceSession(model.SerializeToString(), options, ["CPUExecutionProvider"])
+
+
+def health(
+    observer: RangeObserver,
+    scales: Mapping[str, float],
+    default_scale: float,
+    label: str = "partition",
+    warn: bool = True,
+) -> dict:
+    """How far the int8 partition is from the float one on the kept calibration samples.
+
+    Returns {"cosine": worst output cosine over the samples, "saturated_pct" / "zeroed_pct": share
+    of quantized activation values clipped at +-127 / non-zero values rounded to 0, and
+    "worst_tensor" with its own numbers}. Warns (once per call) when the cosine is below
+    HEALTH_COSINE, naming the partition and the worst tensor: a collapsed int8 graph must be
+    visible before it is deployed.
+    """
+    from torch_fl.bpu.conversion.qdq import quantize_model
+
+    if not observer.kept_inputs:
+        return {}
+    quantized = quantize_model(observer.model, scales, default_scale)
+    float_session, int8_session = _session(observer.model), _session(quantized)
+    out_names = [o.name for o in observer.model.graph.output]
+    worst_cos = 1.0
+    per_tensor: dict[str, list[float]] = {n: [0.0, 0.0, 0.0, 0.0] for n in observer.names}
+    # per tensor: [values, saturated, nonzero, zeroed]
+    for inputs in observer.kept_inputs:
+        feed = dict(zip(observer.input_names, inputs, strict=False))
+        ref = float_session.run(out_names, feed)
+        got = int8_session.run(out_names, feed)
+        for a, b in zip(ref, got, strict=True):
+            worst_cos = min(worst_cos, _cosine(np.asarray(a), np.asarray(b)))
+        values = observer.session.run(observer.names, feed) if observer.names else []
+        for name, value in zip(observer.names, values, strict=True):
+            scale = float(scales.get(name, default_scale))
+            ratio = np.abs(np.asarray(value, dtype=np.float32)) / scale
+            stats = per_tensor[name]
+            stats[0] += ratio.size
+            stats[1] += int(np.count_nonzero(ratio > QMAX + 0.5))
+            nonzero = ratio > 0
+            stats[2] += int(np.count_nonzero(nonzero))
+            stats[3] += int(np.count_nonzero(nonzero & (ratio < 0.5)))
+    total = sum(v[0] for v in per_tensor.values()) or 1.0
+    saturated = sum(v[1] for v in per_tensor.values())
+    nonzero = sum(v[2] for v in per_tensor.values()) or 1.0
+    zeroed = sum(v[3] for v in per_tensor.values())
+
+    def badness(item) -> float:
+        _, (count, sat, nz, zero) = item
+        return sat / max(count, 1.0) + zero / max(nz, 1.0)
+
+    worst = max(per_tensor.items(), key=badness, default=None)
+    result = {
+        "cosine": round(worst_cos, 6),
+        "saturated_pct": round(100.0 * saturated / total, 4),
+        "zeroed_pct": round(100.0 * zeroed / nonzero, 4),
+        "samples": len(observer.kept_inputs),
+    }
+    if worst is not None:
+        name, (count, sat, nz, zero) = worst
+        result["worst_tensor"] = {
+            "name": name,
+            "scale": float(scales.get(name, default_scale)),
+            "saturated_pct": round(100.0 * sat / max(count, 1.0), 4),
+            "zeroed_pct": round(100.0 * zero / max(nz, 1.0), 4),
+        }
+    if warn and worst_cos < HEALTH_COSINE:
+        detail = result.get("worst_tensor", {})
+        warnings.warn(
+            f"torch_fl.bpu: {label}: int8 quantization health is poor: output cosine "
+            f"{worst_cos:.4f} vs float (< {HEALTH_COSINE}) on {result['samples']} calibration "
+            f"sample(s); worst tensor {detail.get('name', '?')!r} (scale "
+            f"{detail.get('scale', float('nan')):.3g}, {detail.get('saturated_pct', 0)}% "
+            f"saturated, {detail.get('zeroed_pct', 0)}% rounded to zero). Fix: calibrate on "
+            "representative inputs (more samples, method='percentile'), or keep this partition "
+            "in float with options={'quantize': False}",
+            stacklevel=3,
+        )
+    return result
 
 
 def merge(calibrations: Iterable[Calibration]) -> Calibration:

@@ -1,0 +1,76 @@
+"""Calibration measures int8 against float per partition, reports it and warns on a collapse."""
+
+import json
+import warnings
+
+import pytest
+import torch
+from torch import nn
+
+import torch_fl.bpu as bpu
+from tests.compile.bpu_helpers import compile_bpu
+from tests.compile.models import ConvStack, seeded
+from torch_fl.bpu import report
+
+
+class OutlierChannel(nn.Module):
+    """Channel 0 of the input is huge and ignored; the answer lives in the small channels."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(4, 8, 3, padding=1)
+        with torch.no_grad():
+            self.conv.weight[:, 0] = 0.0
+            self.conv.bias.zero_()
+
+    def forward(self, x):
+        return torch.relu(self.conv(x))
+
+
+def _samples(n, outlier: bool):
+    generator = torch.Generator().manual_seed(5)
+    out = []
+    for _ in range(n):
+        x = torch.randn(1, 4, 8, 8, generator=generator) * 0.01
+        if outlier:
+            x[:, 0] = 1e4
+        out.append(x)
+    return out
+
+
+def test_collapse_is_measured_reported_and_warned():
+    model = OutlierChannel().eval()
+    with report.collect() as reps:
+        compiled = compile_bpu(model, executor="sim")
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            bpu.calibrate(compiled, _samples(3, outlier=True))
+    messages = [str(w.message) for w in caught if "quantization health" in str(w.message)]
+    assert len(messages) == 1
+    assert "partition 0" in messages[0] and "rounded to zero" in messages[0]
+    health = reps[0].partitions[0].quant_health
+    assert health["cosine"] < 0.99 and health["samples"] == 3
+    assert health["worst_tensor"]["zeroed_pct"] > 50.0  # the small channels vanish
+    rep = report.Report(list(reps))
+    assert "LOW" in rep.table()
+    data = json.loads(rep.to_json())
+    assert data["graphs"][0]["partitions"][0]["quant_health"]["cosine"] == health["cosine"]
+
+
+def test_healthy_model_has_no_warning_and_first_call_records_health():
+    model = seeded(ConvStack(8))
+    samples = [torch.randn(1, 3, 16, 16) for _ in range(3)]
+    with report.collect() as reps, warnings.catch_warnings():
+        warnings.simplefilter("error")  # no health warning
+        compiled = compile_bpu(model, executor="sim")
+        bpu.calibrate(compiled, samples)
+    health = reps[0].partitions[0].quant_health
+    assert health["cosine"] >= 0.999 and health["saturated_pct"] == 0.0  # max calibration
+
+    torch._dynamo.reset()
+    with report.collect() as reps, torch.no_grad():
+        with pytest.warns(UserWarning, match="quantization health"):
+            compile_bpu(OutlierChannel().eval(), executor="sim", calibrate="first-call")(
+                _samples(1, outlier=True)[0]
+            )
+    assert reps[0].partitions[0].quant_health["cosine"] < 0.99
