@@ -23,6 +23,7 @@ from provision.steps import Context, Options, all_steps
 from provision.target import HostSpec, SshTarget, TargetError, parse_host
 
 COMBINED_SCHEMA = "torch-fl/provision-multi/1"
+INTERRUPTED_CODE = 130  # 128 + SIGINT, as for a single host
 
 
 @dataclass(frozen=True)
@@ -238,7 +239,8 @@ def provision_hosts(
                 selected=selected,
                 options=options,
                 insecure_host_key=insecure_host_key,
-                report_path=out_dir / f"{slug(name)}.json",
+                # a dry run writes beside the real report, never over it (as for one host)
+                report_path=out_dir / f"{slug(name)}{'.dry' if options.dry else ''}.json",
                 # Steps cache downloads and build the probe under work_dir with fixed names;
                 # a directory per host keeps parallel hosts off each other's temp files.
                 work_dir=work_root / "hosts" / slug(name),
@@ -258,12 +260,19 @@ def provision_hosts(
     ]
     for thread in threads:
         thread.start()
-    for thread in threads:
-        while thread.is_alive():
-            thread.join(timeout=0.5)
+    try:
+        for thread in threads:
+            while thread.is_alive():
+                thread.join(timeout=0.5)
+    except KeyboardInterrupt:
+        done = [r.report for r in results.values() if r.report]
+        print(f"provision: interrupted; complete reports so far: {done or 'none'}", flush=True)
+        raise
     ordered = [results[i] for i in range(len(jobs))]
     code = max((r.exit_code for r in ordered), default=0)
     combined = combined_path or out_dir / "combined.json"
+    if options.dry:
+        combined = combined.with_name(f"{combined.stem}.dry{combined.suffix or '.json'}")
     doc = {
         "schema": COMBINED_SCHEMA,
         "dry": options.dry,
@@ -332,16 +341,19 @@ def run_cli(
     """`invoke provision --host a,b,...`: provision all, print the table, return the worst code."""
     jobs = [HostJob(spec) for spec in specs]
     print(f"provision: {len(jobs)} hosts in parallel: {', '.join(j.name for j in jobs)}")
-    code, results, combined = provision_hosts(
-        jobs,
-        cfg=cfg,
-        selected=selected,
-        options=options,
-        insecure_host_key=insecure_host_key,
-        out_dir=out_dir,
-        work_root=work_root,
-        combined_path=combined_path,
-    )
+    try:
+        code, results, combined = provision_hosts(
+            jobs,
+            cfg=cfg,
+            selected=selected,
+            options=options,
+            insecure_host_key=insecure_host_key,
+            out_dir=out_dir,
+            work_root=work_root,
+            combined_path=combined_path,
+        )
+    except KeyboardInterrupt:
+        return INTERRUPTED_CODE
     print(table(results))
     print("\n".join(summary_lines(results, combined)))
     return code

@@ -132,3 +132,26 @@ def test_split_hosts_keeps_order_and_accepts_repeats():
         (None, "c", 22),
     ]
     assert split_hosts(None) == [] and split_hosts([]) == []
+
+
+def test_dry_run_of_several_hosts_changes_nothing(two_sshd, iso, provision_cli):
+    root, env = iso
+    a, b = two_sshd
+    b_auth = b.root / "keys" / "authorized_keys"
+    b_auth.write_text((a.user_key.with_suffix(".pub")).read_text())
+    _trust(Path(env["HOME"]), two_sshd, two_sshd)
+    cfg = _config(root, a.user_key)
+    combined = root / "out" / "all.json"
+    res = provision_cli(
+        env, "--host", f"{a.host},{b.host}", "--dry", "--config", str(cfg),
+        "--report", str(combined),
+    )  # fmt: skip
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert not combined.exists(), "a dry run must not overwrite the real report"
+    doc = json.loads(combined.with_name("all.dry.json").read_text())
+    assert doc["dry"] is True and [h["status"] for h in doc["hosts"]] == ["ok", "ok"]
+    for host in doc["hosts"]:
+        assert host["report"].endswith(".dry.json")
+        assert json.loads(Path(host["report"]).read_text())["dry"] is True
+    for server in two_sshd:
+        assert not (server.remote / "config").exists(), "--dry must not change a host"
