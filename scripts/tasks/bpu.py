@@ -1,6 +1,6 @@
 """invoke tasks for the bpu compile backend: the artifact cache, x86-host compile, shipping.
 
-invoke cache.list | cache.clean [--older-than-days N]
+invoke cache.list [--json FILE|-] | cache.clean [--older-than-days N]
 invoke compile-host --model tests.compile.models:ResNet18 --shape 1,3,224,224 [--calibration F]
 invoke ship-cache --dest user@board[:DIR] | --dest /local/dir
 """
@@ -8,13 +8,14 @@ invoke ship-cache --dest user@board[:DIR] | --dest /local/dir
 from __future__ import annotations
 
 import importlib
-import json
 import os
 import tarfile
 import tempfile
 from pathlib import Path
 
 from invoke import Collection, task
+
+from scripts.tasks.cli import CliTask, check_output_file, number_flag, print_lines, write_json
 
 
 def _cache_root(cache_dir: str | None) -> Path:
@@ -23,28 +24,43 @@ def _cache_root(cache_dir: str | None) -> Path:
     return Path(cache_dir or resolve().cache_dir)
 
 
-@task(help={"cache_dir": "cache root (default $FLAGOS_BPU_CACHE)", "json_out": "print JSON"})
-def cache_list(c, cache_dir=None, json_out=False):
+@task(
+    klass=CliTask,
+    help={
+        "cache_dir": "cache root (default $FLAGOS_BPU_CACHE)",
+        "json": "write the entries as JSON to this file, or - for standard output",
+    },
+)
+def cache_list(c, cache_dir=None, json=None):
     """List cached BPU artifacts."""
+    check_output_file("--json", json)  # before importing torch: bad input fails at once
     from torch_fl.bpu.cache import ArtifactCache
 
     entries = ArtifactCache(_cache_root(cache_dir)).entries()
-    if json_out:
-        print(json.dumps(entries, indent=1))
+    if json is not None:
+        write_json(entries, json)
         return
-    print(f"{len(entries)} artifact(s) in {_cache_root(cache_dir)}")
+    lines = [f"{len(entries)} artifact(s) in {_cache_root(cache_dir)}"]
     for e in entries:
         flag = " CORRUPT" if e["corrupt"] else ""
-        print(f"  {e['key'][:16]}  {e['size']:>10} B  {e['march']}  {e['compiler']}  "
-              f"{','.join(e['files'])}{flag}")  # fmt: skip
+        lines.append(f"  {e['key'][:16]}  {e['size']:>10} B  {e['march']}  {e['compiler']}  "
+                     f"{','.join(e['files'])}{flag}")  # fmt: skip
+    print_lines(lines)
 
 
-@task(help={"older_than_days": "only entries older than this", "cache_dir": "cache root"})
+@task(
+    klass=CliTask,
+    help={
+        "older_than_days": "only entries older than this many days (a number >= 0)",
+        "cache_dir": "cache root",
+    },
+)
 def cache_clean(c, older_than_days=None, cache_dir=None):
     """Remove cached BPU artifacts (all, or older than N days)."""
+    days = number_flag("--older-than-days", older_than_days, minimum=0.0)
     from torch_fl.bpu.cache import ArtifactCache
 
-    older = float(older_than_days) * 86400 if older_than_days is not None else None
+    older = days * 86400 if days is not None else None
     removed = ArtifactCache(_cache_root(cache_dir)).clean(older)
     print(f"removed {removed} artifact(s)")
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shlex
 import sys
 from pathlib import Path
 
@@ -10,6 +11,7 @@ from invoke import Collection, Context, task
 from invoke.exceptions import Exit
 
 from provision import light
+from scripts.tasks.cli import CliTask, check_output_file, heartbeat
 
 ROOT = Path(__file__).resolve().parents[2]
 SUPPORTED_ACCELERATORS: tuple[str, ...] = light.load("targets").ACCELERATORS
@@ -31,7 +33,7 @@ def build(c: Context, accelerator: str = "bpu", debug: bool = False) -> None:
         )
     env = {"ACCELERATOR": accelerator, "FLAGOS_BUILD_DEBUG": "1" if debug else "0"}
     # No build isolation: pip must compile against the torch already installed, never fetch one.
-    with c.cd(str(ROOT)):
+    with c.cd(str(ROOT)), heartbeat(f"build {accelerator}"):
         c.run(
             f"{sys.executable} -m pip install --no-build-isolation --no-deps -q -e .",
             env=env,
@@ -43,10 +45,12 @@ def build(c: Context, accelerator: str = "bpu", debug: bool = False) -> None:
         )
 
 
-@task(help={"json_path": "also write the results as JSON here"})
-def bench(c: Context, json_path: str = "") -> None:
+@task(klass=CliTask, help={"json": "also write the eager results as JSON to this file"})
+def bench(c: Context, json: str = "") -> None:
     """Benchmarks: eager flagos vs CPU (scripts/bench_eager.py) and the compile backend."""
-    out = f" --json {json_path}" if json_path else ""
+    if json:
+        check_output_file("--json", json)
+    out = f" --json {shlex.quote(json)}" if json else ""
     with c.cd(str(ROOT)):
         c.run(f"{sys.executable} scripts/bench_eager.py{out}", env=dict(os.environ))
         if (ROOT / "scripts" / "bench_compile.py").exists():

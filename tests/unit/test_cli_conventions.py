@@ -1,0 +1,171 @@
+"""Conventions every invoke task follows: short flags, one JSON flag, checked numbers, pipes,
+and the heartbeat that long work prints."""
+
+from __future__ import annotations
+
+import io
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from scripts import progress
+from tasks import ns
+
+REPO = Path(__file__).resolve().parents[2]
+INVOKE = [sys.executable, "-m", "invoke"]
+
+
+def _flags(task_name: str) -> dict[str, list[str]]:
+    task = ns[task_name]
+    return {arg.name: sorted(arg.names) for arg in task.get_arguments()}
+
+
+def test_no_task_flag_takes_h_and_the_chosen_short_flags() -> None:
+    for name in ns.task_names:
+        for arg in ns[name].get_arguments():
+            assert "h" not in arg.names, f"{name} --{arg.name} took -h (help)"
+    for name in ("provision", "test", "cache.list", "cache.clean", "bench", "build"):
+        for arg in ns[name].get_arguments():
+            assert "e" not in arg.names, f"{name} --{arg.name} took -e (invoke's --echo)"
+    assert _flags("provision")["host"] == ["H", "host"]
+    assert _flags("test")["list"] == ["l", "list"]
+
+
+def test_reporting_tasks_share_one_json_flag() -> None:
+    for name in ("test", "provision", "cache.list", "bench"):
+        assert "json" in _flags(name), f"{name} has no --json"
+    assert "json_out" not in _flags("cache.list") and "json_path" not in _flags("bench")
+
+
+def _corrupt_cache(root: Path, count: int) -> Path:
+    artifacts = root / "cache" / "artifacts"
+    for i in range(count):
+        (artifacts / f"entry-{i:05d}").mkdir(parents=True)
+    return root / "cache"
+
+
+def test_cache_list_json_into_a_closed_pipe_ends_quietly(tmp_path: Path) -> None:
+    cache = _corrupt_cache(tmp_path, 3000)  # far more JSON than a pipe buffer holds
+    proc = subprocess.Popen(
+        [*INVOKE, "cache.list", "--cache-dir", str(cache), "--json", "-"],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    head = proc.stdout.read(64)  # `| head -c 64`
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=120) == 0, err
+    assert head.startswith(b"[") and "BrokenPipe" not in err and "Traceback" not in err
+
+
+def test_cache_list_json_to_a_file_and_bad_paths(tmp_path: Path) -> None:
+    cache = _corrupt_cache(tmp_path, 2)
+    out = tmp_path / "entries.json"
+    run = subprocess.run(
+        [*INVOKE, "cache.list", "--cache-dir", str(cache), "--json", str(out)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert run.returncode == 0, run.stderr
+    assert '"corrupt": true' in out.read_text()
+    run = subprocess.run(
+        [*INVOKE, "cache.list", "--cache-dir", str(cache), "--json", str(tmp_path)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert run.returncode == 2 and "is a directory" in run.stderr
+
+
+@pytest.mark.parametrize("value", ["-5", "abc"])
+def test_cache_clean_rejects_bad_ages_and_removes_nothing(tmp_path: Path, value: str) -> None:
+    cache = _corrupt_cache(tmp_path, 3)
+    run = subprocess.run(
+        [*INVOKE, "cache.clean", "--cache-dir", str(cache), f"--older-than-days={value}"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert run.returncode == 2, run.stdout + run.stderr
+    assert f"--older-than-days '{value}': use a number >= 0" in run.stderr
+    assert "Traceback" not in run.stderr
+    assert len(list((cache / "artifacts").iterdir())) == 3
+
+
+@pytest.mark.parametrize("value", ["-1", "nan", "inf", "", " 2x"])
+def test_number_flag_refuses_what_is_not_a_finite_non_negative_number(value: str) -> None:
+    from invoke.exceptions import Exit
+
+    from scripts.tasks.cli import number_flag
+
+    if value == "":
+        assert number_flag("--n", value) is None  # not given
+        return
+    with pytest.raises(Exit) as info:
+        number_flag("--n", value)
+    assert info.value.code == 2 and "use a number >= 0" in str(info.value.message)
+
+
+# -- heartbeat ----------------------------------------------------------------------------------
+
+
+def test_heartbeat_in_a_log_prints_one_line_per_interval() -> None:
+    out = io.StringIO()
+    with progress.heartbeat("lane x", stream=out, interval=0.2, live=False) as beat:
+        beat.update(done=3, total=10, note="tests/t.py::test_a")
+        time.sleep(0.75)
+    lines = out.getvalue().splitlines()
+    assert 2 <= len(lines) <= 4, lines
+    assert lines[0] == "[lane x] 0s elapsed, 3/10 done: tests/t.py::test_a"
+    assert "\r" not in out.getvalue()
+
+
+def test_heartbeat_on_a_terminal_redraws_one_line_and_clears_it() -> None:
+    out = io.StringIO()
+    with progress.heartbeat("build", stream=out, interval=0.1, live=True):
+        time.sleep(0.35)
+    text = out.getvalue()
+    assert "\n" not in text and text.count("\r[build] 0s elapsed") >= 2
+    assert text.endswith("\r")  # the status line is erased when the work ends
+
+
+def test_heartbeat_defaults_quiet_in_ci(monkeypatch: pytest.MonkeyPatch) -> None:
+    class Tty(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    monkeypatch.delenv(progress.load().INTERVAL_ENV, raising=False)
+    monkeypatch.setenv("CI", "true")
+    beat = progress.heartbeat("x", stream=Tty())
+    assert beat.live is False and beat.interval == 30.0
+    monkeypatch.delenv("CI")
+    beat = progress.heartbeat("x", stream=Tty())
+    assert beat.live is True and beat.interval == 1.0
+
+
+def test_heartbeat_survives_a_closed_stream() -> None:
+    out = io.StringIO()
+    beat = progress.heartbeat("x", stream=out, interval=0.05, live=False).start()
+    out.close()
+    time.sleep(0.2)
+    beat.stop()
+    assert beat._stop.is_set()
+
+
+def test_progress_loads_without_torch() -> None:
+    code = (
+        "import sys; from scripts import progress; progress.load(); "
+        "assert 'torch' not in sys.modules, 'the heartbeat imported torch'"
+    )
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, check=True, timeout=60)
