@@ -4,8 +4,19 @@
 # in place. Idempotent: a second run installs nothing new and rebuilds only what changed.
 #
 #   scripts/bootstrap.sh            # then: .venv/bin/invoke provision / .venv/bin/invoke test
+#
+# First the system packages the test lanes need (scripts/system-packages.txt), installed when
+# this user can (root, or passwordless sudo); otherwise the exact apt-get command is printed and
+# the lanes that need them report "not run" with it. SYSTEM=require fails instead (CI); SYSTEM=0
+# skips the system packages.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+case "${SYSTEM:-auto}" in
+  0 | skip) ;;
+  require) scripts/install-system-packages.sh --require ;;
+  *) scripts/install-system-packages.sh ;;
+esac
 
 PYTHON=${PYTHON:-python3}
 VENV=${VENV:-.venv}
