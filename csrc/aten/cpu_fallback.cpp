@@ -209,8 +209,12 @@ class ZeroCopyCall {
       if (!a.written) {
         continue;
       }
+      // Some out= kernels leave their result as a conj view of what they wrote (linalg_lu_solve
+      // with left=False): the bit belongs to the caller's tensor as much as its strides do.
+      at::Tensor bits_from = a.cpu;
       if (a.cpu.storage().data() != a.data) {
-        a.device.set_(to_device_result(a.cpu, *device_));
+        bits_from = to_device_result(a.cpu, *device_);  // resolves the bits when it copies
+        a.device.set_(bits_from);
       } else {
         if (a.cpu.sizes() != a.device.sizes() || a.cpu.strides() != a.device.strides() ||
             a.cpu.storage_offset() != a.device.storage_offset()) {
@@ -218,6 +222,13 @@ class ZeroCopyCall {
               a.cpu.sizes(), a.cpu.strides(), a.cpu.storage_offset());
         }
         flush_after_cpu_write(a.device.storage().data_ptr());
+      }
+      c10::TensorImpl* impl = a.device.unsafeGetTensorImpl();
+      if (bits_from.is_conj() != a.device.is_conj()) {
+        impl->_set_conj(bits_from.is_conj());
+      }
+      if (bits_from.is_neg() != a.device.is_neg()) {
+        impl->_set_neg(bits_from.is_neg());
       }
     }
   }

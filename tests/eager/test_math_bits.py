@@ -129,3 +129,15 @@ def test_copying_fallback_handles_math_bits(name: str) -> None:
     finally:
         torch_fl._C._set_fallback_mode("zero-copy")
     torch.testing.assert_close(got, fn(*operands).resolve_conj().resolve_neg())
+
+
+@pytest.mark.parametrize("adjoint", [False, True])
+def test_out_kernel_that_leaves_a_conj_result(adjoint: bool) -> None:
+    # linalg_lu_solve(left=False) writes X^H into its output and marks it conj; on flagos the
+    # output is the caller's tensor, which must get the bit too (found by the OpInfo suite).
+    a = _complex(3, 3, seed=3)
+    b = _complex(4, 3, seed=4)
+    lu, pivots = torch.linalg.lu_factor(a)
+    want = torch.linalg.lu_solve(lu, pivots, b, left=False, adjoint=adjoint)
+    got = torch.linalg.lu_solve(lu.to(DEV), pivots.to(DEV), b.to(DEV), left=False, adjoint=adjoint)
+    torch.testing.assert_close(got.cpu(), want.resolve_conj())
