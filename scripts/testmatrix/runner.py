@@ -442,7 +442,7 @@ def format_plan(matrix: Matrix, lanes: list[Lane], caps: dict[str, Any], platfor
         f"platform: {platform}",
         "capabilities: " + ", ".join(f"{k}={v}" for k, v in caps.items()),
     ]
-    out.append(f"{'lane':<18}{'kind':<8}{'workers':>8}{'timeout':>9}  plan")
+    out.append(f"{'lane':<18}{'kind':<8}{'workers':>8}{'timeout':>9}{'per test':>10}  plan")
     for lane in lanes:
         missing = lane.missing(caps)
         plan = (
@@ -450,7 +450,11 @@ def format_plan(matrix: Matrix, lanes: list[Lane], caps: dict[str, Any], platfor
             if missing
             else "run " + " ".join(lane.paths)
         )
-        out.append(f"{lane.name:<18}{lane.kind:<8}{lane.workers:>8}{lane.timeout:>8.0f}s  {plan}")
+        per_test = f"{lane.test_timeout:.0f}s" if lane.test_timeout else "-"
+        out.append(
+            f"{lane.name:<18}{lane.kind:<8}{lane.workers:>8}{lane.timeout:>8.0f}s"
+            f"{per_test:>10}  {plan}"
+        )
         for exp in matrix.expectations:
             if exp.active(lane.name, caps):
                 out.append(
