@@ -12,6 +12,8 @@ import sys
 from invoke import Collection, task
 from invoke.exceptions import Exit
 
+from scripts.tasks.cli import heartbeat
+
 
 @task(help={"page_size": "guest kernel page size: 64k (built from Debian's source) or 16k"})
 def up(c, page_size=None):
@@ -24,7 +26,9 @@ def up(c, page_size=None):
     if not ok:
         raise Exit(f"lab.up: the lab cannot start here: {why}", code=2)
     try:
-        info, timings = vm.up(page_size)
+        # A cold start builds the kernel and the rootfs side by side for many minutes.
+        with heartbeat(f"lab.up {page_size}"):
+            info, timings = vm.up(page_size)
     except Exception as exc:  # noqa: BLE001 - report any build/boot failure with its message
         raise Exit(f"lab.up: {exc}", code=1) from exc
     print(f"lab up ({info.page_size} pages), pid {info.pid}: ssh {info.host}")
