@@ -1,4 +1,5 @@
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from tests.compile.bpu_helpers import compile_bpu
@@ -88,3 +89,33 @@ def test_split_becomes_slices_transformer_fully_covered():
     assert torch.allclose(out, model(x), atol=1e-6)
     rep = report.Report(reps)
     assert rep.coverage_pct >= 95.0 and reps[0].rewrites["split"] == 1
+
+
+def test_data_movement_rewrites_export_and_unexportable_index_rejected_up_front():
+    class Moves(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = nn.Conv2d(3, 4, 1)
+
+        def forward(self, x, idx):
+            y = self.conv(x)
+            z = y.clone()
+            z[:, 1:3] = y[:, 1:3] * 2  # functionalized: slice_scatter + copy
+            z = torch.roll(F.pad(z, (1, 1, 1, 1)), (1, -2), (2, 3))[:, :, 1:9, 1:9]
+            p = z.contiguous().as_strided((1, 8, 8, 4), (256, 8, 1, 64))  # a permute as strides
+            return self.conv2(p.permute(0, 3, 1, 2)) + z[:, :, idx, idx].sum()
+
+    model = Moves().eval()
+    model.conv2 = nn.Conv2d(4, 4, 1)
+    x, idx = torch.randn(1, 3, 8, 8), torch.tensor([0, 2])
+    out, reps = _explain(model, x, idx, executor="eager")
+    torch.testing.assert_close(out, model(x, idx))
+    g = reps[0]
+    assert {"slice_scatter", "copy", "as_strided_permute"} <= set(g.rewrites)
+    reasons = {n["target"]: n["reason"] for n in g.cpu_nodes}
+    assert set(reasons) == {"aten.index.Tensor"}  # two index tensors: rejected with a reason
+    assert reasons["aten.index.Tensor"].startswith("export:")
+    torch._dynamo.reset()
+    out, reps = _explain(model, x, idx, executor="sim", quantize=False)
+    assert all(rt.kind == "sim" for rt in reps[0].runtimes)  # every accepted partition exported
+    torch.testing.assert_close(out, model(x, idx), rtol=1e-4, atol=1e-4)

@@ -113,6 +113,75 @@ def _unbind_to_selects(graph: fx.Graph, node: fx.Node) -> bool:
     return True
 
 
+def _static_val(node) -> torch.Tensor | None:
+    val = node.meta.get("val") if isinstance(node, fx.Node) else None
+    if isinstance(val, torch.Tensor) and all(isinstance(d, int) for d in val.shape):
+        return val
+    return None
+
+
+def _as_strided_to_permute(node: fx.Node) -> bool:
+    """as_strided of a contiguous tensor that only reorders its dims -> permute."""
+    x, size, stride = node.args[:3]
+    offset = node.args[3] if len(node.args) > 3 else node.kwargs.get("storage_offset")
+    val = _static_val(x)
+    if val is None or offset not in (None, 0) or not val.is_contiguous():
+        return False
+    shape, strides = list(val.shape), list(val.stride())
+    if len(size) != len(shape):
+        return False
+    order = []
+    for dim_size, dim_stride in zip(size, stride, strict=True):
+        matches = [
+            i
+            for i in range(len(shape))
+            if i not in order
+            and shape[i] == dim_size
+            and (strides[i] == dim_stride or dim_size == 1)
+        ]
+        if not matches:
+            return False
+        order.append(matches[0])
+    node.target = aten.permute.default
+    node.args = (x, order)
+    node.kwargs = {}
+    return True
+
+
+def _slice_scatter_to_cat(graph: fx.Graph, node: fx.Node) -> bool:
+    """slice_scatter(x, src, dim, start, end, 1) -> cat(x[..:start], src, x[end:..]) on dim."""
+    names = ("input", "src", "dim", "start", "end", "step")
+    values = dict(zip(names, node.args, strict=False))
+    values.update(node.kwargs)
+    val = _static_val(values["input"])
+    if val is None or values.get("step", 1) != 1:
+        return False
+    dim = values.get("dim", 0) % val.dim()
+    length = val.shape[dim]
+    start = values.get("start") or 0
+    end = values.get("end")
+    end = length if end is None else min(end, length)
+    start, end = (start + length if start < 0 else start), (end + length if end < 0 else end)
+    if not (0 <= start <= end <= length):
+        return False
+    x, src = values["input"], values["src"]
+    pieces = []
+    with graph.inserting_before(node):
+        if start > 0:
+            pieces.append(graph.call_function(aten.slice.Tensor, (x, dim, 0, start, 1)))
+        pieces.append(src)
+        if end < length:
+            pieces.append(graph.call_function(aten.slice.Tensor, (x, dim, end, length, 1)))
+    for piece in pieces:
+        if piece is not src:
+            low, high = piece.args[2], piece.args[3]
+            piece.meta["val"] = val.narrow(dim, low, high - low)
+    node.target = aten.cat.default
+    node.args = (pieces, dim)
+    node.kwargs = {}
+    return True
+
+
 def _rank(node: fx.Node) -> int | None:
     val = node.meta.get("val")
     return val.dim() if isinstance(val, torch.Tensor) else None
@@ -144,6 +213,25 @@ def _rewrite(graph: fx.Graph, node: fx.Node) -> str | None:
     elif target in (aten._unsafe_view.default, aten.view.default):
         node.target = aten.reshape.default
         return "reshape"
+    elif target is aten.as_strided.default:
+        if _as_strided_to_permute(node):
+            return "as_strided_permute"
+    elif target is aten.slice_scatter.default:
+        if _slice_scatter_to_cat(graph, node):
+            return "slice_scatter"
+    elif target is aten.copy.default:
+        # functional copy(dst, src): the value is src (in dst's shape and dtype)
+        dst, src = _static_val(node.args[0]), _static_val(node.args[1])
+        if (
+            dst is not None
+            and src is not None
+            and dst.shape == src.shape
+            and dst.dtype == src.dtype
+            and not node.kwargs.get("non_blocking")
+        ):
+            node.replace_all_uses_with(node.args[1])
+            graph.erase_node(node)
+            return "copy"
     elif target is aten.unbind.int:
         if _unbind_to_selects(graph, node):
             return "unbind"
@@ -177,6 +265,9 @@ def apply_rewrites(gm: fx.GraphModule) -> Counter:
             if name:
                 fired[name] += 1
     if fired:
+        # a rewrite can leave a producer without users (the dst of a copy); a dead node inside a
+        # partition would make an input the ONNX export drops
+        gm.graph.eliminate_dead_code()
         gm.graph.lint()
         gm.recompile()
     return fired

@@ -113,6 +113,19 @@ def _has_symbolic(value) -> bool:
     return False
 
 
+def _export_problem(node: fx.Node) -> str | None:
+    """Argument forms of supported ops that do not export to ONNX (decided before partitioning,
+    so an accepted partition always exports)."""
+    if node.target is aten.index.Tensor:
+        indices = [i for i in node.args[1] if i is not None]
+        vals = [i.meta.get("val") if isinstance(i, fx.Node) else None for i in indices]
+        if len(indices) != 1 or not all(
+            isinstance(v, torch.Tensor) and v.dtype in (torch.int64, torch.int32) for v in vals
+        ):
+            return "export: only indexing with one integer index tensor exports (as Gather)"
+    return None
+
+
 def rejection_reason(node: fx.Node) -> str | None:
     """Why `node` cannot run on the BPU, or None if it can."""
     if node.target is operator.getitem:
@@ -129,6 +142,9 @@ def rejection_reason(node: fx.Node) -> str | None:
         return f"unsupported op: {node.target} produces no tensor"
     if _has_symbolic(val) or any(_has_symbolic(a) for a in node.args):
         return "symbolic shape: the BPU needs static shapes (compile with dynamic=False)"
+    export_problem = _export_problem(node)
+    if export_problem is not None:
+        return export_problem
     if val.dtype not in SUPPORTED_DTYPES:
         return f"dtype: output is {val.dtype}, the BPU path takes float32"
     for arg in node.all_input_nodes:
