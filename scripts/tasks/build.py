@@ -47,7 +47,7 @@ def build(c: Context, accelerator: str = "bpu", debug: bool = False) -> None:
 
 @task(klass=CliTask, help={"json": "also write the eager results as JSON to this file"})
 def bench(c: Context, json: str = "") -> None:
-    """Benchmarks: eager flagos vs CPU (scripts/bench_eager.py) and the compile backend."""
+    """Benchmarks: eager flagos vs CPU, the compile backend, and the zoo (scripts/bench_*.py)."""
     if json:
         check_output_file("--json", json)
     out = f" --json {shlex.quote(json)}" if json else ""
@@ -55,6 +55,9 @@ def bench(c: Context, json: str = "") -> None:
         c.run(f"{sys.executable} scripts/bench_eager.py{out}", env=dict(os.environ))
         if (ROOT / "scripts" / "bench_compile.py").exists():
             c.run(f"{sys.executable} scripts/bench_compile.py", env=dict(os.environ))
+        if (ROOT / "scripts" / "bench_zoo.py").exists():
+            # the public-architecture zoo through backend="bpu": out/bench_zoo.json and .png
+            c.run(f"{sys.executable} scripts/bench_zoo.py", env=dict(os.environ))
 
 
 def register(ns: Collection) -> None:
