@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -18,6 +19,9 @@ from torch_fl.bpu.drivers.discovery import CompilerInfo, clean_env
 from torch_fl.bpu.errors import BpuError
 
 WORKER = Path(__file__).with_name("hbdk4_worker.py")
+WATCHDOG = Path(__file__).with_name("watchdog.py")
+WORK_PREFIX = "torch-fl-hbdk4-"
+OWNER_FILE = "owner.pid"
 
 _FIXES = {
     "shims": "report this: the import shims for numba/torch failed to install",
@@ -41,7 +45,10 @@ def compile_onnx(
     if info.kind == "none" or not info.python:
         raise CompileError(f"no hbdk4 compiler: {info.detail}")
     emulated = info.kind == "emulated"
-    with tempfile.TemporaryDirectory(prefix="torch-fl-hbdk4-") as tmp:
+    _remove_orphaned_work_dirs()
+    tmp = tempfile.mkdtemp(prefix=WORK_PREFIX)
+    try:
+        Path(tmp, OWNER_FILE).write_text(str(os.getpid()))
         src, out, res = (os.path.join(tmp, n) for n in ("in.onnx", "out.hbm", "result.json"))
         Path(src).write_bytes(onnx_bytes)
         cmd = [info.python, str(WORKER), src, out, march, str(opt_level)]
@@ -51,24 +58,36 @@ def compile_onnx(
         python = info.python if info.python != sys.executable else sys.executable
         env = clean_env(info.guest_libs, emulated)
         env["PATH"] = os.path.dirname(python) + os.pathsep + env["PATH"]
-        proc = subprocess.Popen(
-            cmd,
-            env=env,
-            cwd=tmp,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,  # a timeout kills the whole group (emulator + guest)
-        )
+        log_path = Path(tmp, "worker.log")
+        with open(log_path, "wb") as log:
+            # The watchdog (host Python, standard library only) runs the compiler in a group of
+            # its own and kills that group when our end of its stdin closes: on any exit of
+            # this process, kill -9 included. See watchdog.py.
+            proc = subprocess.Popen(
+                [sys.executable, "-I", str(WATCHDOG), tmp, "--", *cmd],
+                env=env,
+                cwd=tmp,
+                stdin=subprocess.PIPE,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # a terminal's Ctrl-C reaches us, not the compiler
+            )
         try:
-            output, _ = proc.communicate(timeout=timeout_s)
+            proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.communicate()
+            _stop(proc)
             raise CompileError(
                 f"hbdk4 compile timed out after {timeout_s:g}s ({info.kind}). Fix: raise "
                 "FLAGOS_BPU_COMPILE_TIMEOUT (emulated ResNet-18 takes ~25 min) or compile on an "
                 "x86_64 host with `invoke compile-host` and ship the cache."
             ) from None
+        except BaseException:  # KeyboardInterrupt, SystemExit from a signal handler, ...
+            _stop(proc)
+            raise
+        finally:
+            if proc.stdin is not None:
+                proc.stdin.close()
+        output = log_path.read_bytes()
         try:
             result = json.loads(Path(res).read_text())
         except (OSError, ValueError):
@@ -84,3 +103,31 @@ def compile_onnx(
                 f"{result.get('error')}. Fix: {_FIXES.get(stage, 'see the message')}."
             )
         return Path(out).read_bytes(), result
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    """End a compile we gave up on: EOF makes the watchdog kill the compiler's group."""
+    if proc.stdin is not None:
+        proc.stdin.close()
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)  # the watchdog itself hangs: no cleanup left to do
+        proc.wait()
+
+
+def _remove_orphaned_work_dirs() -> None:
+    """Work directories whose owner died without cleaning up (the watchdog itself was killed)."""
+    for path in Path(tempfile.gettempdir()).glob(f"{WORK_PREFIX}*"):
+        try:
+            owner = int(Path(path, OWNER_FILE).read_text())
+        except (OSError, ValueError):
+            continue  # not ours, or still being created
+        try:
+            os.kill(owner, 0)
+        except ProcessLookupError:
+            shutil.rmtree(path, ignore_errors=True)
+        except PermissionError:
+            pass  # alive, another user's
