@@ -17,9 +17,9 @@ from pathlib import Path
 from typing import Any
 
 from provision import facts as facts_mod
-from provision import plan
+from provision import pipeline, plan
 from provision import report as report_mod
-from provision.steps import Context, Options, all_steps
+from provision.context import Options
 from provision.target import HostSpec, SshTarget, TargetError, parse_host
 
 COMBINED_SCHEMA = "torch-fl/provision-multi/1"
@@ -155,36 +155,19 @@ def provision_host(
     target.name = name if job.label else target.name
     try:
         facts = facts_mod.gather(target)
-        ctx = Context(
-            target=target,
-            facts=facts,
-            config=cfg,
+        echo(pipeline.describe(facts, options.dry))
+        run = pipeline.run_steps(
+            target,
+            facts,
+            cfg=cfg,
+            selected=selected,
             options=options,
+            report_path=report_path,
             log_dir=report_path.parent / "logs" / slug(name),
             work_dir=work_dir,
+            started=started,
             echo=echo,
         )
-        echo(
-            f"{facts.get('arch')} {facts.get('distro')} {facts.get('distro_version')} "
-            f"glibc {facts.get('glibc')} page {facts.get('pagesize')}"
-            f"{' (dry run)' if options.dry else ''}"
-        )
-        steps = [s for s in all_steps() if s.name in selected]
-        outcomes = plan.dry_run(ctx, steps) if options.dry else plan.apply_run(ctx, steps)
-        code = plan.exit_code(outcomes, options.dry)
-        doc = report_mod.build(
-            target=name,
-            local=False,
-            dry=options.dry,
-            started=started,
-            facts=facts,
-            outcomes=outcomes,
-            artifacts=ctx.recorded_artifacts,
-            exit_code=code,
-            config=cfg,
-        )
-        report_mod.validate(doc)
-        report_mod.write_atomic(report_path, doc)
     except Exception as exc:  # noqa: BLE001 - one host's crash (dropped link, bad facts) stays its own
         message = f"{type(exc).__name__}: {exc}"
         echo(f"error: {message}")
@@ -193,17 +176,17 @@ def provision_host(
         return HostResult(name, "error", 1, str(report_path), started, time.time(), error=message)
     finally:
         target.close()
-    status = "ok" if code == 0 else "failed"
+    status = "ok" if run.exit_code == 0 else "failed"
     return HostResult(
         name,
         status,
-        code,
+        run.exit_code,
         str(report_path),
         started,
         time.time(),
         facts=facts,
-        outcomes=outcomes,
-        actions=doc["actions"],
+        outcomes=run.outcomes,
+        actions=run.report["actions"],
     )
 
 

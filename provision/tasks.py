@@ -6,17 +6,19 @@ from __future__ import annotations
 import re
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from invoke import Collection, task
 from invoke.exceptions import Exit
 
 from provision import config as config_mod
 from provision import facts as facts_mod
-from provision import multihost, plan
+from provision import multihost, pipeline, plan
 from provision import report as report_mod
-from provision.steps import Context, Options, all_steps
-from provision.target import LocalTarget, SshTarget, TargetError, TargetInputError, q
+from provision.context import Options
+from provision.target import HostSpec, LocalTarget, SshTarget, TargetError, TargetInputError, q
 from scripts import outpaths
 from scripts.tasks.cli import CliTask, sigterm_as_interrupt
 
@@ -106,13 +108,34 @@ def provision(
                    json, report)  # fmt: skip
 
 
+@dataclass
+class _Request:
+    """What the command line asks for, validated."""
+
+    cfg: dict[str, Any]
+    selected: list[str]
+    specs: list[HostSpec]
+    options: Options
+    echo: bool
+    json_flag: str | None
+    flag_name: str
+
+
 def _provision(c, host, dry, only, skip, artifacts, oe_wheels, insecure_host_key, config, json,
                report):  # fmt: skip
     started = time.time()
+    req = _request(c, host, dry, only, skip, artifacts, oe_wheels, config, json, report)
+    if len(req.specs) > 1:
+        _provision_several(req, insecure_host_key)
+    else:
+        _provision_one(req, insecure_host_key, started)
+
+
+def _request(c, host, dry, only, skip, artifacts, oe_wheels, config, json, report) -> _Request:
+    """Parse and check every input before anything connects; bad input exits 2."""
     run_cfg = getattr(getattr(c, "config", None), "run", None) or {}
     # invoke's core flags: `invoke --dry provision` plans only, `invoke -e provision` echoes.
     dry = bool(dry or run_cfg.get("dry"))
-    echo = bool(run_cfg.get("echo"))
     if json and report and json != report:
         raise _bad_input("--json and --report are the same option; give one of them")
     json_flag = json or report
@@ -135,89 +158,87 @@ def _provision(c, host, dry, only, skip, artifacts, oe_wheels, insecure_host_key
     if json_flag:
         _check_report_path(flag_name, Path(json_flag).expanduser())
     options = Options(artifacts=art_dir, oe_wheels=wheel_dir, dry=dry)
+    return _Request(cfg, selected, specs, options, bool(run_cfg.get("echo")), json_flag, flag_name)
 
-    if len(specs) > 1:
-        out_dir = Path(json_flag).parent if json_flag else REPORT_DIR
-        code = multihost.run_cli(
-            specs,
-            cfg=cfg,
-            selected=selected,
-            options=options,
-            insecure_host_key=insecure_host_key,
-            out_dir=out_dir,
-            work_root=_controller_cache(),
-            combined_path=Path(json_flag) if json_flag else None,
-        )
-        if code:
-            raise Exit(code=code)
-        return
 
+def _provision_several(req: _Request, insecure_host_key: bool) -> None:
+    out_dir = Path(req.json_flag).parent if req.json_flag else REPORT_DIR
+    code = multihost.run_cli(
+        req.specs,
+        cfg=req.cfg,
+        selected=req.selected,
+        options=req.options,
+        insecure_host_key=insecure_host_key,
+        out_dir=out_dir,
+        work_root=_controller_cache(),
+        combined_path=Path(req.json_flag) if req.json_flag else None,
+    )
+    if code:
+        raise Exit(code=code)
+
+
+def _provision_one(req: _Request, insecure_host_key: bool, started: float) -> None:
     try:
-        target = _open_target(specs[0] if specs else None, cfg, insecure_host_key, echo)
+        target = _open_target(req.specs[0] if req.specs else None, req.cfg, insecure_host_key,
+                              req.echo)  # fmt: skip
     except KeyboardInterrupt:
         print("provision: interrupted while connecting; nothing was changed", file=sys.stderr)
         raise Exit(code=plan.INTERRUPTED_CODE) from None
-    out_path = _report_path(json_flag, target.name, dry)
-    _check_report_path(flag_name, out_path)
+    out_path = _report_path(req.json_flag, target.name, req.options.dry)
+    _check_report_path(req.flag_name, out_path)
     try:
+        facts = _gather(target, req)
+        print(f"provision {target.name}: {pipeline.describe(facts, req.options.dry)}")
         try:
-            facts = facts_mod.gather(target)
-            if "envfile" in selected and not dry:
-                _check_env_file_writable(target, facts)
-        except KeyboardInterrupt:
-            print("provision: interrupted before any step ran; nothing was changed",
-                  file=sys.stderr)  # fmt: skip
-            raise Exit(code=plan.INTERRUPTED_CODE) from None
-        ctx = Context(
-            target=target,
-            facts=facts,
-            config=cfg,
-            options=options,
-            log_dir=out_path.parent / "logs",
-            work_dir=_controller_cache(),
-        )
-        print(
-            f"provision {target.name}: {facts.get('arch')} {facts.get('distro')} "
-            f"{facts.get('distro_version')} glibc {facts.get('glibc')} page {facts.get('pagesize')}"
-            f"{' (dry run)' if dry else ''}"
-        )
-        steps = [s for s in all_steps() if s.name in selected]
-        try:
-            outcomes = plan.dry_run(ctx, steps) if dry else plan.apply_run(ctx, steps)
+            run = pipeline.run_steps(
+                target,
+                facts,
+                cfg=req.cfg,
+                selected=req.selected,
+                options=req.options,
+                report_path=out_path,
+                log_dir=out_path.parent / "logs",
+                work_dir=_controller_cache(),
+                started=started,
+            )
         except KeyboardInterrupt:
             # Interrupted in a read-only check (a dry run): nothing was applied.
             print("provision: interrupted during the checks; nothing was applied",
                   file=sys.stderr)  # fmt: skip
             raise Exit(code=plan.INTERRUPTED_CODE) from None
-        code = plan.exit_code(outcomes, dry)
-        doc = report_mod.build(
-            target=target.name,
-            local=target.is_local,
-            dry=dry,
-            started=started,
-            facts=facts,
-            outcomes=outcomes,
-            artifacts=ctx.recorded_artifacts,
-            exit_code=code,
-            config=cfg,
-        )
-        report_mod.validate(doc)
-        report_mod.write_atomic(out_path, doc)
     finally:
         target.close()
-    print(report_mod.table(outcomes))
-    print(f"actions: {doc['actions']}  report: {out_path}")
-    stopped = plan.interrupted(outcomes)
+    _finish(run, out_path)
+
+
+def _gather(target, req: _Request) -> dict[str, Any]:
+    """The target's facts; the env file's directory checked before any step changes anything."""
+    try:
+        facts = facts_mod.gather(target)
+        if "envfile" in req.selected and not req.options.dry:
+            _check_env_file_writable(target, facts)
+    except KeyboardInterrupt:
+        print("provision: interrupted before any step ran; nothing was changed",
+              file=sys.stderr)  # fmt: skip
+        raise Exit(code=plan.INTERRUPTED_CODE) from None
+    return facts
+
+
+def _finish(run: pipeline.Run, out_path: Path) -> None:
+    """The table, where the report is, how to resume after an interrupt; the exit code."""
+    print(report_mod.table(run.outcomes))
+    print(f"actions: {run.report['actions']}  report: {out_path}")
+    stopped = plan.interrupted(run.outcomes)
     if stopped is not None:
-        done = [o.name for o in outcomes if o.action in ("none", "apply")]
+        done = [o.name for o in run.outcomes if o.action in ("none", "apply")]
         print(
             f"provision: interrupted during step {stopped.name}; finished: "
             f"{', '.join(done) or 'none'}. Re-run the same command to resume (finished steps "
             "check ok and are skipped; a half-done install is detected and redone).",
             file=sys.stderr,
         )
-    if code:
-        raise Exit(code=code)
+    if run.exit_code:
+        raise Exit(code=run.exit_code)
 
 
 def _open_target(spec, cfg: dict, insecure_host_key: bool, echo: bool):
