@@ -12,7 +12,7 @@ import sys
 from invoke import Collection, task
 from invoke.exceptions import Exit
 
-from scripts.tasks.cli import heartbeat
+from scripts.tasks.cli import CliTask, check_output_file, heartbeat, print_lines, write_json
 
 
 @task(help={"page_size": "guest kernel page size: 64k (built from Debian's source) or 16k"})
@@ -39,32 +39,53 @@ def up(c, page_size=None):
     )
 
 
-@task
-def status(c):
+@task(
+    klass=CliTask,
+    help={"json": "write the status as JSON to this file, or - for standard output"},
+)
+def status(c, json=None):
     """Show whether a lab is running, its port, and what the guest reports."""
     from provision.target import TargetError
     from scripts.lab import cache, vm
 
+    check_output_file("--json", json)
     info = vm.running()
-    print(f"cache: {cache.cache_root()}")
+    doc: dict = {"cache": str(cache.cache_root()), "products": {}, "running": info is not None}
     for entry in sorted(cache.cache_root().glob("*-*")) if cache.cache_root().is_dir() else []:
         if (entry / cache.DONE_MARKER).is_file():
-            print(f"  {entry.name}: {cache.metadata(entry).get('build_s', '?')} s to build")
-    if info is None:
-        print("lab: not running")
-        return
-    print(f"lab: running, pid {info.pid}, {info.host}, page size {info.page_size}")
-    try:
-        board = vm.target(info)
-    except TargetError as exc:
-        print(f"  guest: does not answer ({exc})")
-    else:
+            doc["products"][entry.name] = {"build_s": cache.metadata(entry).get("build_s")}
+    if info is not None:
+        doc.update(
+            pid=info.pid,
+            host=info.host,
+            page_size=info.page_size,
+            known_hosts=str(info.known_hosts),
+            identity=str(info.identity),
+        )
         try:
-            _, out, err = board.run("uname -m; getconf PAGESIZE; uname -r", timeout=30)
-        finally:
-            board.close()
-        print(f"  guest: {' '.join(out.split()) or err.strip()}")
-    print(f"  known_hosts {info.known_hosts}, identity {info.identity}")
+            board = vm.target(info)
+        except TargetError as exc:
+            doc["guest"] = None
+            doc["guest_error"] = str(exc)
+        else:
+            try:
+                _, out, err = board.run("uname -m; getconf PAGESIZE; uname -r", timeout=30)
+            finally:
+                board.close()
+            doc["guest"] = " ".join(out.split()) or err.strip()
+    if json is not None:
+        write_json(doc, json)
+        return
+    lines = [f"cache: {doc['cache']}"]
+    lines += [f"  {name}: {p['build_s'] or '?'} s to build" for name, p in doc["products"].items()]
+    if info is None:
+        print_lines([*lines, "lab: not running"])
+        return
+    lines.append(f"lab: running, pid {info.pid}, {info.host}, page size {info.page_size}")
+    guest = doc.get("guest") or f"does not answer ({doc.get('guest_error')})"
+    lines.append(f"  guest: {guest}")
+    lines.append(f"  known_hosts {info.known_hosts}, identity {info.identity}")
+    print_lines(lines)
 
 
 @task(help={"command": "run this command instead of an interactive shell"})

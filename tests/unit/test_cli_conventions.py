@@ -36,7 +36,7 @@ def test_no_task_flag_takes_h_and_the_chosen_short_flags() -> None:
 
 
 def test_reporting_tasks_share_one_json_flag() -> None:
-    for name in ("test", "provision", "cache.list", "bench"):
+    for name in ("test", "provision", "cache.list", "bench", "lab.status"):
         assert "json" in _flags(name), f"{name} has no --json"
     assert "json_out" not in _flags("cache.list") and "json_path" not in _flags("bench")
 
