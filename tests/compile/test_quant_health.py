@@ -74,3 +74,39 @@ def test_healthy_model_has_no_warning_and_first_call_records_health():
                 _samples(1, outlier=True)[0]
             )
     assert reps[0].partitions[0].quant_health["cosine"] < 0.99
+
+
+class FadedFeatures(nn.Module):
+    """Features that have faded to ~1e-9 before a conv with an ordinary bias (what random-weight
+    MobileNetV3/DeepLabV3 heads look like): the output is essentially that bias."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fade = nn.Conv2d(3, 8, 3, padding=1)
+        self.head = nn.Conv2d(8, 5, 1)
+        with torch.no_grad():
+            self.fade.weight.mul_(1e-9)
+            self.fade.bias.zero_()
+
+    def forward(self, x):
+        return self.head(torch.relu(self.fade(x)))
+
+
+def test_tiny_activation_scale_keeps_the_bias_instead_of_wrapping_int32():
+    torch.manual_seed(0)
+    model = FadedFeatures().eval()
+    x = torch.randn(1, 3, 8, 8)
+    samples = [torch.randn(1, 3, 8, 8) for _ in range(3)]
+    with torch.no_grad():
+        ref = model(x)
+    compiled = compile_bpu(model, executor="sim")
+    with report.collect() as reps:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # healthy: no quantization warning
+            bpu.calibrate(compiled, samples)
+        with torch.no_grad():
+            out = compiled(x)
+    # before: bias / (act_scale * w_scale) left int32, wrapped, and the output collapsed
+    assert torch.nn.functional.cosine_similarity(out.flatten(), ref.flatten(), dim=0) > 0.999
+    assert out.std() > 0.5 * ref.std()
+    assert reps[0].partitions[0].quant_health["cosine"] >= 0.999

@@ -29,7 +29,7 @@ from torch.utils._python_dispatch import _disable_current_modes
 from torch_fl.bpu.cache import Artifact, ArtifactCache, artifact_key
 from torch_fl.bpu.conversion import live_weights
 from torch_fl.bpu.conversion.export import OPSET, canonical_bytes, export_onnx
-from torch_fl.bpu.conversion.qdq import quantize_model
+from torch_fl.bpu.conversion.qdq import bias_safe_scales, quantize_model
 from torch_fl.bpu.drivers import CompilerInfo, compile_onnx, discover
 from torch_fl.bpu.settings import BpuSettings
 
@@ -197,7 +197,9 @@ def build(
         model = quantize_model(baked, scales or {}, settings.act_scale)
         timings["qdq_s"] = time.perf_counter() - t0
     onnx_bytes = canonical_bytes(model)
-    live = live_weights.make_live(weight_graph, baked, model, scales or {}, settings.act_scale)
+    # the live graph quantizes its bias with the same (bias-safe) activation scales
+    live_scales = bias_safe_scales(baked, scales or {}, settings.act_scale)
+    live = live_weights.make_live(weight_graph, baked, model, live_scales, settings.act_scale)
     live_bytes = canonical_bytes(live)
     if need_hbm and not want_compile:
         raise RuntimeError(

@@ -23,6 +23,9 @@ WEIGHT_OPS = {"Conv": 1, "Gemm": 1, "MatMul": 1}  # op -> index of the weight in
 POOL_OPS = ("MaxPool", "AveragePool", "GlobalAveragePool")
 QUANT_OPS = tuple(WEIGHT_OPS) + POOL_OPS
 QMAX = 127
+# Largest |int32 bias| allowed: the int32 accumulator must still hold the bias plus the sum of
+# int8 products (K x 127 x 127 < 2^30 for every K below 66k).
+BIAS_QMAX = 2**30
 
 
 class QuantizationError(RuntimeError):
@@ -77,10 +80,48 @@ def _weight_axis(node: onnx.NodeProto, weight: np.ndarray) -> int | None:
     return 1  # MatMul: [K, N], output channel is the last axis
 
 
+def bias_safe_scales(
+    model: onnx.ModelProto, act_scales: Mapping[str, float], default_scale: float
+) -> dict[str, float]:
+    """`act_scales`, with the input scale of each Conv/Gemm raised where its int32 bias would
+    not fit otherwise.
+
+    The bias is quantized at activation scale x weight scale. When the input activations are
+    tiny next to the bias (a network whose features have faded, calibrated on what it sees), that
+    product is so small that bias / scale leaves int32: the value wrapped around and the output
+    silently collapsed to a constant. Raising the input scale to
+    max_c |b_c| / (w_scale_c x BIAS_QMAX) keeps the bias exact; the activations it coarsens are,
+    by construction, negligible next to the bias.
+    """
+    scales = {k: float(v) for k, v in act_scales.items()}
+    inits = {i.name: i for i in model.graph.initializer}
+    for node in model.graph.node:
+        widx = WEIGHT_OPS.get(node.op_type)
+        if widx is None or node.op_type == "MatMul" or len(node.input) < 3:
+            continue
+        wname, bname, act = node.input[widx], node.input[2], node.input[0]
+        if wname not in inits or bname not in inits or act in inits:
+            continue
+        weight = numpy_helper.to_array(inits[wname]).astype(np.float32)
+        axis = _weight_axis(node, weight)
+        if axis is None:
+            continue
+        w_scales = per_channel_scales(weight, axis).astype(np.float64)
+        bias = np.abs(numpy_helper.to_array(inits[bname]).astype(np.float64))
+        if bias.shape != w_scales.shape:
+            continue
+        needed = float(np.max(bias / (w_scales * BIAS_QMAX), initial=0.0))
+        current = scales.get(act, default_scale)
+        if needed > current:
+            scales[act] = float(np.float32(needed * (1 + 1e-6)))
+    return scales
+
+
 def quantize_model(
     model: onnx.ModelProto, act_scales: Mapping[str, float], default_scale: float
 ) -> onnx.ModelProto:
     """Return a Q/DQ copy of `model` (float ONNX from `export_onnx`)."""
+    act_scales = bias_safe_scales(model, act_scales, default_scale)
     model_q = onnx.ModelProto()
     model_q.CopyFrom(model)
     graph = model_q.graph
@@ -160,7 +201,8 @@ def quantize_model(
                 if bias.shape == scales.shape:
                     act_scale = float(act_scales.get(node.input[0], default_scale))
                     bscale = (scales.astype(np.float64) * act_scale).astype(np.float32)
-                    qb = np.rint(bias / bscale).astype(np.int32)
+                    # clipped, never wrapped (bias_safe_scales makes the clip a no-op)
+                    qb = np.clip(np.rint(bias / bscale), -BIAS_QMAX, BIAS_QMAX).astype(np.int32)
                     bbase = f"{node.name or bname}_{bname}"
                     new_inits.append(numpy_helper.from_array(qb, f"{bbase}_quantized"))
                     scalar(f"{bbase}_scale", bscale, np.float32)
