@@ -1,8 +1,11 @@
 """Benchmark of the bpu compile backend (ratios measured in one run on this host).
 
-Measures: per-call host overhead beyond executor time; sim (ORT int8 Q/DQ) vs eager fp32 on the
-6-layer conv stack and ResNet-18; coverage; cosine vs fp32 at the default scale and calibrated;
-first-compile and cache-hit time, each in a fresh process. Prints a table, writes JSON.
+Measures: per-call host overhead beyond executor time (a 2-weight Linear, and ResNet-18 with its
+102 frozen weights fed live); the cost of checking baked weights (identity + every byte) against
+an eager ResNet-18 forward; sim (ORT int8 Q/DQ) with live and with checked weights vs eager fp32
+on the 6-layer conv stack and ResNet-18; coverage; cosine vs fp32 at the default scale and
+calibrated; first-compile and cache-hit time, each in a fresh process. Prints a table, writes
+JSON.
 
   python scripts/bench_compile.py [--json out/bench_compile.json] [--size 224] [--iters 20]
 """
@@ -130,6 +133,53 @@ def main() -> int:
         "dynamo_aot_eager_overhead_ms": aot_eager - eager,
     }
 
+    # 1b. live weights on a ResNet-18-sized partition: what the backend adds per call beyond
+    # ORT's own run (feeding 102 weights), and what checking baked weights costs
+    from torch_fl.bpu.conversion.freezing import FrozenWeights
+
+    s = args.size
+    torch._dynamo.reset()
+    r18 = seeded(ResNet18())
+    x18 = torch.randn(1, 3, s, s)
+    with report.collect() as reps, torch.no_grad():
+        comp18 = torch.compile(r18, backend="bpu", options=base, dynamic=False)
+        comp18(x18)
+    rt18 = reps[0].runtimes[0]
+    sim18 = rt18._exec
+    captured = {}
+
+    def capture18(partition_args):
+        captured["args"] = list(partition_args)
+        return sim18(partition_args)
+
+    rt18._exec = capture18
+    with torch.no_grad():
+        comp18(x18)
+    rt18._exec = sim18
+    pargs18 = captured["args"]
+    feed = dict(sim18._weight_feed(pargs18))
+    for name, pos in sim18._inputs:
+        feed[name] = pargs18[pos].numpy()
+    iters = max(args.iters, 10)
+    with torch.no_grad():
+        ort_ms = _median_ms(lambda: sim18.session.run(sim18.output_names, feed), iters)
+        part_ms = _median_ms(lambda: rt18(*pargs18), iters)
+        feed_ms = _median_ms(lambda: dict(sim18._weight_feed(pargs18)), 2000, 50)
+        frozen = FrozenWeights(rt18.spec.frozen_positions, pargs18)
+        check_ms = _median_ms(lambda: frozen.stale(pargs18), iters)
+        eager18_ms = _median_ms(lambda: r18(x18), iters)
+    results["live_weights"] = {
+        "frozen_weights": len(rt18.spec.frozen_positions),
+        "weight_mb": sum(pargs18[i].nbytes for i in rt18.spec.frozen_positions) / 1e6,
+        "ort_run_ms": ort_ms,
+        "partition_call_ms": part_ms,
+        "backend_overhead_ms": part_ms - ort_ms,
+        "weight_feed_ms": feed_ms,
+        "checked_weights_ms": check_ms,
+        "eager_resnet18_ms": eager18_ms,
+        "checked_over_eager": check_ms / eager18_ms,
+    }
+
     # 2./4. speed, coverage and accuracy per model
     def bench_model(name, model, x, calib):
         entry: dict = {}
@@ -149,10 +199,16 @@ def main() -> int:
                 bpu.calibrate(compiled, samples)
                 entry["cos_calibrated"] = _cos(compiled(x), ref)
             entry["sim_ms"] = _median_ms(lambda: compiled(x), args.iters)
+            torch._dynamo.reset()
+            checked = torch.compile(
+                model, backend="bpu", options=dict(base, sim_weights="checked"), dynamic=False
+            )
+            checked(x)
+            entry["sim_checked_ms"] = _median_ms(lambda: checked(x), args.iters)
         entry["sim_speedup"] = entry["eager_ms"] / entry["sim_ms"]
+        entry["sim_checked_speedup"] = entry["eager_ms"] / entry["sim_checked_ms"]
         results[name] = entry
 
-    s = args.size
     bench_model("conv_stack", seeded(ConvStack()), torch.randn(1, 3, s, s), True)
     bench_model("resnet18", seeded(ResNet18()), torch.randn(1, 3, s, s), True)
     bench_model("transformer", seeded(TransformerBlock()), torch.randn(1, 16, 32), True)
@@ -179,8 +235,21 @@ def main() -> int:
 
 def _print_table(r: dict) -> None:
     o = r["overhead"]
+    lw = r["live_weights"]
     rows = [
         ("per-call overhead beyond executor (ms, target <= 0.1)", o["overhead_beyond_executor_ms"]),
+        (
+            f"resnet18 sim: backend overhead beyond ORT, {lw['frozen_weights']} live weights "
+            "(ms, target <= 0.1)",
+            lw["backend_overhead_ms"],
+        ),
+        ("  of which weight feed (ms)", lw["weight_feed_ms"]),
+        ("  ORT run (ms)", lw["ort_run_ms"]),
+        (
+            f"resnet18: checking {lw['weight_mb']:.1f} MB of baked weights (ms)",
+            lw["checked_weights_ms"],
+        ),
+        ("  ratio to an eager resnet18 forward", lw["checked_over_eager"]),
         ("  of which partition layer (ms)", o["partition_layer_overhead_ms"]),
         ("  baseline: torch.compile(aot_eager) over eager (ms)", o["dynamo_aot_eager_overhead_ms"]),
     ]
@@ -188,8 +257,10 @@ def _print_table(r: dict) -> None:
         m = r[name]
         rows += [
             (f"{name}: eager fp32 ms", m["eager_ms"]),
-            (f"{name}: sim ms", m["sim_ms"]),
-            (f"{name}: sim speedup (target >= 1.5)", m["sim_speedup"]),
+            (f"{name}: sim ms (live weights)", m["sim_ms"]),
+            (f"{name}: sim ms (checked weights)", m["sim_checked_ms"]),
+            (f"{name}: sim speedup, live (target >= 1.5)", m["sim_speedup"]),
+            (f"{name}: sim speedup, checked", m["sim_checked_speedup"]),
             (f"{name}: coverage % ({m['partitions']} partition(s))", m["coverage_pct"]),
             (f"{name}: cosine default scale", m["cos_default"]),
             (f"{name}: cosine calibrated", m.get("cos_calibrated", float("nan"))),

@@ -76,30 +76,42 @@ IDIOMS = {
 }
 
 
+EXECUTORS = {
+    "eager": {"executor": "eager"},
+    "sim": {"executor": "sim"},
+    "sim-checked": {"executor": "sim", "sim_weights": "checked"},
+}
+
+
 def _fresh(model, x, executor):
     """What a compilation made after the change computes (the reference for stale outputs)."""
     torch._dynamo.reset()
     with torch.no_grad():
-        return compile_bpu(copy.deepcopy(model), executor=executor)(x)
+        return compile_bpu(copy.deepcopy(model), **EXECUTORS.get(executor, {"executor": executor}))(
+            x
+        )
 
 
-@pytest.mark.parametrize("executor", ["sim", "eager"])
+@pytest.mark.parametrize("executor", sorted(EXECUTORS))
 @pytest.mark.parametrize("idiom", sorted(IDIOMS))
 def test_changed_weights_run(executor, idiom):
     model = Net().eval()
     x = torch.randn(2, 3, 8, 8)
-    compiled = compile_bpu(model, executor=executor)
+    compiled = compile_bpu(model, **EXECUTORS[executor])
     with report.collect() as reps, torch.no_grad():
         before = compiled(x)
+        compiled(x)
         IDIOMS[idiom](model)
         after = compiled(x)
+        compiled(x)
     assert not torch.allclose(after, before)
     if executor == "eager":
         with torch.no_grad():
             assert torch.equal(after, model(x))
-    else:
-        assert reps[0].runtimes[0].builds == 1  # live weights: nothing rebuilt
-        assert torch.equal(after, _fresh(model, x, executor))
+        return
+    # live weights: nothing rebuilt; checked weights: rebuilt once, on the change
+    assert reps[0].runtimes[0].builds == (1 if executor == "sim" else 2)
+    assert torch.equal(after, _fresh(model, x, executor))
 
 
 def test_transposed_view_assigned_to_data():

@@ -25,6 +25,7 @@ DRIVERS = ("auto", "native", "emulated", "none")
 CALIBRATE_MODES = ("none", "first-call")
 CALIB_METHODS = ("max", "percentile")
 ON_STALE = ("recompile", "eager")
+SIM_WEIGHTS = ("live", "checked")
 REPORT_FORMATS = ("none", "table", "json")
 COMPILE_ARTIFACT = ("auto", "always", "never")
 
@@ -70,6 +71,10 @@ class BpuSettings:
     opt_level: int = 2
     sim_threads: int = 0
     """ONNX Runtime intra-op threads for the sim executor; 0 = ORT's default."""
+    sim_weights: str = "live"
+    """`live`: the sim graph reads the weights as inputs every call (never stale by construction;
+    ORT cannot pre-pack them). `checked`: weights baked in like an artifact, every byte compared
+    before each call and the partition rebuilt (on_stale) when any changed."""
 
     def replace(self, **changes: Any) -> BpuSettings:
         return dataclasses.replace(self, **changes)
@@ -213,6 +218,7 @@ _FIELDS: dict[str, tuple[Callable[[Any], Any], str | None, str]] = {
         "seconds in (0, 604800]",
     ),
     "opt_level": (_int_in(0, 2), None, "0|1|2"),
+    "sim_weights": (_choice(SIM_WEIGHTS), "FLAGOS_BPU_SIM_WEIGHTS", "|".join(SIM_WEIGHTS)),
     "sim_threads": (
         _int_in(0, max_sim_threads),
         "FLAGOS_BPU_SIM_THREADS",

@@ -150,11 +150,14 @@ class PartitionRuntime(torch.nn.Module):
             executor = None
             if kind == "sim":
                 spec = self.spec
+                live = settings.sim_weights == "live"
                 executor = SimExecutor(
-                    result.live_bytes,
+                    result.live_bytes if live else result.onnx_bytes,
                     settings.sim_threads,
                     list(zip(spec.input_names, spec.runtime_positions, strict=True)),
-                    list(zip(spec.weight_names, spec.frozen_positions, strict=True)),
+                    list(zip(spec.weight_names, spec.frozen_positions, strict=True))
+                    if live
+                    else (),
                 )
             elif kind == "hbm":
                 try:
@@ -184,8 +187,10 @@ class PartitionRuntime(torch.nn.Module):
             self._use_eager(self.entry.executor_reason)
             return
         if kind == "sim":
-            self._exec = executor  # reads the weights live: never stale
-            self._frozen = None
+            self._exec = executor  # takes every partition input, weights included
+            live = settings.sim_weights == "live"
+            # live: reads the weights on every call, never stale; checked: baked, compared
+            self._frozen = None if live else FrozenWeights(self.spec.frozen_positions, args)
         else:
             positions = self.spec.runtime_positions
             self._exec = lambda a: executor([a[i] for i in positions])
