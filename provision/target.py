@@ -6,6 +6,7 @@ provisions the local host and a remote board; nothing may assume it runs locally
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shlex
@@ -15,7 +16,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, TextIO
@@ -105,6 +106,17 @@ class _LineSink:
         self.log.flush()
 
 
+@contextlib.contextmanager
+def _command_log(
+    log_path: Path, cmd: str, progress: Callable[[str], None] | None
+) -> Iterator[tuple[TextIO, _LineSink]]:
+    """The long command's log (appended, headed by the command) and the sink its output goes to."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "a", encoding="utf-8") as log:
+        log.write(f"$ {cmd}\n")
+        yield log, _LineSink(log, progress)
+
+
 class LocalTarget:
     """This machine, through subprocess.
 
@@ -158,10 +170,7 @@ class LocalTarget:
         progress: Callable[[str], None] | None = None,
     ) -> int:
         self._echo(cmd)
-        log_path.parent.mkdir(parents=True, exist_ok=True)
-        with open(log_path, "a", encoding="utf-8") as log:
-            log.write(f"$ {cmd}\n")
-            sink = _LineSink(log, progress)
+        with _command_log(log_path, cmd, progress) as (log, sink):
             proc = subprocess.Popen(
                 ["/bin/sh", "-c", cmd],
                 stdout=subprocess.PIPE,
@@ -354,10 +363,7 @@ class SshTarget:
         from invoke.exceptions import CommandTimedOut
 
         self._echo(cmd)
-        log_path.parent.mkdir(parents=True, exist_ok=True)
-        with open(log_path, "a", encoding="utf-8") as log:
-            log.write(f"$ {cmd}\n")
-            sink = _LineSink(log, progress)
+        with _command_log(log_path, cmd, progress) as (log, sink):
             try:
                 res = self.conn.run(
                     self._wrap(cmd + " 2>&1", None),
