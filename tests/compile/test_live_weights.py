@@ -165,3 +165,22 @@ def test_hbm_on_stale_eager(board):
         with pytest.warns(UserWarning, match="frozen weights changed"):
             out = compiled(x)
         assert torch.equal(out, model(x)) and reps[0].runtimes[0].kind == "eager"
+
+
+def test_baked_weight_check_is_bytewise():
+    from torch_fl.bpu.conversion.freezing import FrozenWeights
+
+    w = torch.randn(4, 4)
+    w[0, 0] = float("nan")  # NaN != NaN numerically; the bytes are unchanged
+    t = torch.randn(4, 4).t()  # non-contiguous
+    args = [torch.randn(2), w, t]
+    frozen = FrozenWeights((1, 2), args)
+    assert not frozen.stale(args)
+    w.detach().numpy()[3, 3] += 1.0  # no version bump
+    assert frozen.stale(args)
+    frozen = FrozenWeights((1, 2), args)
+    t.data.numpy()[0, 1] = 5.0  # through a view of the non-contiguous tensor
+    assert frozen.stale(args)
+    frozen = FrozenWeights((1, 2), args)
+    args[2].data = args[2].data.clone()  # same values, other memory
+    assert frozen.stale(args)
