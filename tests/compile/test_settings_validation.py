@@ -102,3 +102,14 @@ def test_sane_values_accepted():
     )
     assert s.sim_threads == settings.max_sim_threads() and s.cache_dir.endswith("/x")
     assert os.path.isabs(s.cache_dir)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "name"),
+    [({"method": "median"}, "calib_method"), ({"percentile": math.nan}, "calib_percentile")],
+)
+def test_calibrate_arguments_checked_like_options(kwargs, name):
+    import torch_fl.bpu as bpu
+
+    with pytest.raises(settings.SettingsError, match=f"{name} \\(from calibrate\\("):
+        bpu.calibrate(torch.nn.Linear(2, 2), [torch.ones(1, 2)], **kwargs)

@@ -9,7 +9,7 @@ import torch
 
 from torch_fl.bpu.conversion.calibration import Calibration, RangeObserver, health
 from torch_fl.bpu.runtime import partition as runtime
-from torch_fl.bpu.settings import CALIB_METHODS
+from torch_fl.bpu.settings import parse_option
 
 
 class _Session:
@@ -40,8 +40,9 @@ def calibrate(
     compiled model's partitions (they rebuild on the next call) and are returned as a
     `Calibration` that can be saved and passed as options={'calibration': ...} elsewhere.
     """
-    if method not in CALIB_METHODS:
-        raise ValueError(f"method must be one of {', '.join(CALIB_METHODS)}, got {method!r}")
+    # the same checks (and one-line errors) as options={'calib_method': ..., ...}
+    method = parse_option("calib_method", method, "calibrate(method=...)")
+    percentile = parse_option("calib_percentile", percentile, "calibrate(percentile=...)")
     session = _Session(method, percentile)
     token = runtime.CALIBRATION.set(session)
     count = 0

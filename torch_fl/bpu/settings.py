@@ -257,6 +257,11 @@ def _parse(name: str, value: Any, source: str) -> Any:
         ) from None
 
 
+def parse_option(name: str, value: Any, source: str) -> Any:
+    """One option's value checked as `resolve` checks it; `source` names where it came from."""
+    return _parse(name, value, source)
+
+
 def resolve(options: Mapping[str, Any] | None = None) -> BpuSettings:
     """Build the settings for one compilation from defaults, env and `options`."""
     if options is None:
