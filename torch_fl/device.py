@@ -63,15 +63,26 @@ __all__ = [
 
 
 def _index(dev: Any = None) -> int:
-    """Device index of `dev` (None, int, str or torch.device); flagos only."""
+    """Device index of `dev` (None, int, str or torch.device); flagos only, and in range."""
     if dev is None:
         return _C._current_device()
+    if isinstance(dev, bool) or not isinstance(dev, (int, str, torch.device)):
+        raise TypeError(
+            f"expected a flagos device (an index, 'flagos:0' or a torch.device), got {dev!r}"
+        )
     if isinstance(dev, int):
-        return dev
-    d = torch.device(dev)
-    if d.type != DEVICE_TYPE:
-        raise ValueError(f"expected a flagos device, got {d}; use 'flagos' or 'flagos:0'")
-    return _C._current_device() if d.index is None else d.index
+        idx = dev
+    else:
+        d = torch.device(dev)
+        if d.type != DEVICE_TYPE:
+            raise ValueError(f"expected a flagos device, got {d}; use 'flagos' or 'flagos:0'")
+        idx = _C._current_device() if d.index is None else d.index
+    if not 0 <= idx < _C._device_count():
+        raise ValueError(
+            f"flagos device index {idx} is out of range: this board exposes "
+            f"{_C._device_count()} flagos device(s); use 'flagos' or 'flagos:0'"
+        )
+    return idx
 
 
 # --- device -------------------------------------------------------------------------------
@@ -168,6 +179,8 @@ class StreamContext:
     """Context manager that makes `stream` current inside the block (`None`: no change)."""
 
     def __init__(self, stream: torch.Stream | None) -> None:
+        if stream is not None and not isinstance(stream, torch.Stream):
+            raise TypeError(f"expected a torch.Stream or None, got {type(stream).__name__}")
         if stream is not None and stream.device_type != _device_type_id():
             raise ValueError(f"expected a flagos stream, got a stream on {stream.device}")
         self.stream = stream

@@ -14,6 +14,7 @@ from tests.eager import opinfo_peer
 OPS = opinfo_peer.load_ops()
 # Filled as the ops run; conftest.py prints its totals at the end of the session.
 REPORTS: dict[str, opinfo_peer.OpReport] = {}
+BATCH = 80  # ops per batch of forked children
 
 
 def _param(name: str) -> object:
@@ -35,11 +36,16 @@ def _selected_names(session: pytest.Session) -> list[str]:
 def test_op_matches_cpu(name: str, request: pytest.FixtureRequest) -> None:
     reports = REPORTS
     if name not in reports:
-        # Under xdist each worker runs only its own tests, so it runs them one at a time.
-        batch = (
-            [name] if os.environ.get("PYTEST_XDIST_WORKER") else _selected_names(request.session)
-        )
-        reports.update(opinfo_peer.run_isolated(OPS, [n for n in batch if n not in reports]))
+        # This op and the next selected ones run as one batch (forking per op costs more than
+        # most ops); batches stay well inside the per-test timeout. Under xdist each worker runs
+        # only its own tests, so it runs them one at a time.
+        if os.environ.get("PYTEST_XDIST_WORKER"):
+            batch = [name]
+        else:
+            selected = _selected_names(request.session)
+            rest = [n for n in selected[selected.index(name) :] if n not in reports]
+            batch = rest[:BATCH]
+        reports.update(opinfo_peer.run_isolated(OPS, batch))
     report = reports[name]
     if report.crash:
         pytest.fail(f"{name} crashed: {report.crash}", pytrace=False)

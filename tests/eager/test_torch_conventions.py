@@ -116,3 +116,26 @@ def test_torch_flagos_has_only_its_api_and_torch_hooks() -> None:
     assert not any(isinstance(getattr(mod, n), types.ModuleType) for n in names)
     assert torch_fl.DEVICE_TYPE == "flagos"
     assert mod._get_generator(torch.device("flagos", 0)).device.type == "flagos"
+
+
+@pytest.mark.parametrize(
+    ("device", "error", "match"),
+    [
+        (5, ValueError, "index 5 is out of range"),
+        ("flagos:3", ValueError, "index 3 is out of range"),
+        (-1, ValueError, "out of range"),
+        ("cuda:0", ValueError, "expected a flagos device"),
+        (1.5, TypeError, "expected a flagos device"),
+        (True, TypeError, "expected a flagos device"),
+    ],
+)
+def test_bad_device_arguments_are_named(device: object, error: type, match: str) -> None:
+    with pytest.raises(error, match=match):
+        torch.flagos.get_device_properties(device)
+    with pytest.raises(error, match=match):
+        torch.flagos.memory_allocated(device)
+
+
+def test_stream_context_rejects_non_streams() -> None:
+    with pytest.raises(TypeError, match="expected a torch.Stream or None"):
+        torch.flagos.StreamContext("default")
