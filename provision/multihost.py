@@ -93,7 +93,7 @@ def slug(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", name)
 
 
-class _Printer:
+class HostPrinter:
     """Line-at-a-time output prefixed with the host, so parallel hosts stay readable."""
 
     def __init__(self) -> None:
@@ -208,7 +208,7 @@ def provision_hosts(
     names = [job.name for job in jobs]
     if len(set(names)) != len(names):
         raise ValueError(f"two hosts share a name: {names}")
-    printer = _Printer()
+    printer = HostPrinter()
     results: dict[int, HostResult] = {}
     started = time.time()
 

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from provision import facts as facts_mod
-from provision.multihost import HostJob, provision_host, slug
+from provision.multihost import HostJob, HostPrinter, provision_host, slug
 from provision.steps import Options
 from provision.target import HostSpec, SshTarget, TargetError
 from scripts.farm import power
@@ -52,19 +52,6 @@ class FarmJob:
     lane_timeout_s: float = 3600.0
     boot_timeout_s: float = 300.0  # after a power cycle
     client_env: dict[str, str] = field(default_factory=dict)
-
-
-class _Printer:
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-
-    def echo_for(self, name: str) -> Callable[[str], None]:
-        def echo(msg: str) -> None:
-            with self.lock:
-                for line in str(msg).splitlines() or [""]:
-                    print(f"[{name}] {line}", flush=True)
-
-        return echo
 
 
 class _Holdings:
@@ -242,13 +229,13 @@ def _run_request(
 
 def run(job: FarmJob) -> tuple[int, list[PlaceOutcome], Path]:
     """Work on every requested place in parallel; write and print the merged report."""
-    printer = _Printer()
+    printer = HostPrinter()
     holdings = _Holdings()
     results: dict[int, PlaceOutcome] = {}
     started = time.time()
 
     def work(index: int, request: Request) -> None:
-        results[index] = _run_request(job, request, holdings, printer.echo_for(request.label))
+        results[index] = _run_request(job, request, holdings, printer.for_host(request.label))
 
     threads = [
         threading.Thread(target=work, args=(i, r), name=f"farm-{i}", daemon=True)
