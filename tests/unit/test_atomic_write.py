@@ -40,3 +40,19 @@ def test_light_loader_refuses_modules_that_import_torch():
     with pytest.raises(ValueError, match="standard-library-only"):
         light.load("device")
     assert light.load("targets").MARCHES == ("nash-e", "nash-m", "nash-p")
+
+
+@pytest.mark.parametrize("name", light.LIGHT)
+def test_light_modules_import_only_the_standard_library(name):
+    """Provisioning and setup.py load these where torch and torch_fl cannot be imported."""
+    import ast
+    import sys
+
+    tree = ast.parse(light.path_of(name).read_text())
+    imported = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            imported |= {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            imported.add(node.module.split(".")[0])
+    assert imported <= set(sys.stdlib_module_names) | {"__future__"}, imported
