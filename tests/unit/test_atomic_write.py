@@ -50,7 +50,7 @@ def test_light_modules_import_only_the_standard_library(name):
 
     tree = ast.parse(light.path_of(name).read_text())
     imported = set()
-    for node in ast.walk(tree):
+    for node in tree.body:  # what loading runs (hbdk4_guest imports hbdk4 only when it checks)
         if isinstance(node, ast.Import):
             imported |= {a.name.split(".")[0] for a in node.names}
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
