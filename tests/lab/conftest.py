@@ -1,7 +1,8 @@
 """Board-emu lane fixtures: one emulated board per session, provisioning run against it.
 
-The lab is started once (cold: builds and caches kernel + rootfs; warm: seconds) and stopped
-at the end unless it was already running before the session. Where the lab cannot start, every
+The lab is started once (cold: builds and caches kernel + rootfs; warm: seconds), always as a
+fresh board (a running lab is restarted first), and stopped at the end unless it was already
+running before the session. Where the lab cannot start, every
 test here is skipped with the capability's reason, never passed.
 """
 
@@ -31,6 +32,12 @@ def lab() -> vm.LabInfo:
     if not ok:
         pytest.skip(f"board lab unavailable: {why}")
     was_running = vm.running() is not None
+    if was_running:
+        # A lab left running may have been provisioned already (box64 upgraded); the lane
+        # asserts what provisioning does to a fresh board. The guest lives in an initramfs, so
+        # a restart is a fresh board (and, warm, takes seconds).
+        print("lab: restarting the running lab for a fresh board", file=sys.stderr)
+        vm.down()
     info, timings = vm.up(PAGE_SIZE, log=lambda msg: print(msg, file=sys.stderr))
     print(f"lab up ({PAGE_SIZE}): {timings}", file=sys.stderr)
     yield info

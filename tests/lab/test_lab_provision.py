@@ -46,9 +46,8 @@ def _version_of(text: str) -> tuple[int, ...]:
 
 def test_provision_upgrades_box64_and_imports_hbdk4(board, provision_on_lab, oe_wheels):
     before = box64_version(board, "/usr/bin/box64")
-    if _version_of(before) >= (0, 4, 0):
-        pytest.skip(f"guest box64 already upgraded ({before}); restart the lab for a fresh board")
-    assert _version_of(before)[:2] == (0, 3), before
+    # The lab fixture boots a fresh board: trixie's box64 0.3.4, never an earlier run's upgrade.
+    assert _version_of(before)[:2] == (0, 3), f"not a fresh board: /usr/bin/box64 is {before}"
 
     proc, doc = provision_on_lab("--oe-wheels", str(oe_wheels), name="first")
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -83,7 +82,7 @@ def standin_old_box64(board, tmp_path):
     put(board, build_old_box64(tmp_path / "standin"), SHADOW)
     assert guest(board, "command -v box64").stdout.strip() == SHADOW
     yield SHADOW
-    guest(board, f"rm -f {SHADOW}")
+    guest(board, f"rm -f {SHADOW} {SHADOW}.torch-fl-old")
 
 
 def _run_probe(board, tmp_path, box64: str):
@@ -108,9 +107,20 @@ def test_probe_catches_standin_old_box64(board, standin_old_box64, provision_on_
     box64_step = _steps(doc)["box64"]
     assert box64_step["before"]["status"] == "needed", box64_step
     assert "0.2.6" in box64_step["before"]["detail"], box64_step
-    if proc.returncode == 0:  # it replaced the old one: the box64 it settled on must work
-        chosen = _final(box64_step)["facts"]["path"]
-        assert _run_probe(board, tmp_path, chosen)[1].ok
+    # It moves the hand-installed old binary aside (nothing deleted) and settles on the
+    # upgraded /usr/bin/box64, which the probe then proves on the 64 KB-page kernel.
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert box64_step["action"] == "apply" and box64_step["after"]["status"] == "ok", box64_step
+    chosen = _final(box64_step)["facts"]["path"]
+    assert chosen == "/usr/bin/box64", box64_step
+    assert _version_of(box64_version(board, chosen)) >= (0, 4, 0)
+    assert guest(board, f"test -x {SHADOW}.torch-fl-old").returncode == 0, "old binary lost"
+    assert guest(board, f"test -e {SHADOW}").returncode != 0, "old binary still shadows"
+    probe_step = _final(_steps(doc)["pagesize_probe"])
+    assert probe_step["status"] == "ok", probe_step
+    assert probe_step["facts"]["guest_pagesize"] == EXPECTED_PAGE
+    assert _run_probe(board, tmp_path, chosen)[1].ok
+    assert _run_probe(board, tmp_path, "box64")[1].ok, "the PATH box64 is still the broken one"
 
 
 def test_provisioning_replaces_shadowing_old_box64(
