@@ -39,18 +39,27 @@ bool is_generator_arg(const c10::Argument& arg) {
   return false;
 }
 
-// Ops whose schema takes host-side tensors next to device tensors, which CUDA accepts on the CPU
-// too: index tensors (x[cpu_index]) and the lengths / batch sizes of packed sequences and CTC.
-bool takes_host_tensors(const c10::OperatorName& name) {
-  static const char* const kOps[] = {
-      "aten::index",          "aten::index_put",           "aten::index_put_",
-      "aten::_index_put_impl_", "aten::_unsafe_index",      "aten::_unsafe_index_put",
-      "aten::_pack_padded_sequence", "aten::_pack_padded_sequence_backward",
-      "aten::_pad_packed_sequence", "aten::_ctc_loss",      "aten::_ctc_loss_backward",
-      "aten::_foreach_copy_",  // a copy per pair, and copies may cross devices
+// Arguments CUDA also accepts on the CPU next to device tensors: index tensors (x[cpu_index]),
+// the lengths / batch sizes of packed sequences and CTC, and the sources of copies.
+bool is_host_argument(const c10::OperatorName& op, const std::string& arg) {
+  static const std::pair<const char*, const char*> kArgs[] = {
+      {"aten::index", "indices"},
+      {"aten::index_put", "indices"},
+      {"aten::index_put_", "indices"},
+      {"aten::_index_put_impl_", "indices"},
+      {"aten::_unsafe_index", "indices"},
+      {"aten::_unsafe_index_put", "indices"},
+      {"aten::_pack_padded_sequence", "lengths"},
+      {"aten::_pack_padded_sequence_backward", "batch_sizes"},
+      {"aten::_pad_packed_sequence", "batch_sizes"},
+      {"aten::_ctc_loss", "input_lengths"},
+      {"aten::_ctc_loss", "target_lengths"},
+      {"aten::_ctc_loss_backward", "input_lengths"},
+      {"aten::_ctc_loss_backward", "target_lengths"},
+      {"aten::_foreach_copy_", "src"},  // a copy per pair, and copies may cross devices
   };
-  for (const char* op : kOps) {
-    if (name.name == op) {
+  for (const auto& [name, argument] : kArgs) {
+    if (op.name == name && arg == argument) {
       return true;
     }
   }
@@ -96,7 +105,7 @@ void check_devices(const c10::OperatorHandle& op, const torch::jit::Stack& stack
       }
     }
   }
-  if (!device.has_value() || takes_host_tensors(op.schema().operator_name())) {
+  if (!device.has_value()) {
     return;
   }
   for (const TensorArg& a : tensors) {
@@ -106,8 +115,9 @@ void check_devices(const c10::OperatorHandle& op, const torch::jit::Stack& stack
     }
     const c10::Argument& arg = args[a.index];
     const bool written = arg.alias_info() != nullptr && arg.alias_info()->isWrite();
-    if (t.device().is_cpu() && t.dim() == 0 && !written) {
-      continue;  // a CPU scalar, as CUDA allows
+    if (t.device().is_cpu() && !written &&
+        (t.dim() == 0 || is_host_argument(op.schema().operator_name(), arg.name()))) {
+      continue;  // a CPU scalar, or a host-side argument, as CUDA allows
     }
     TORCH_CHECK(false, "Expected all tensors to be on the same device, but found at least two "
                 "devices, ", *device, " and ", t.device(), "! (", op.schema().name(), ": argument '",

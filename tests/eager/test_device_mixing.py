@@ -93,3 +93,8 @@ def test_factories_and_conversions_still_cross_devices() -> None:
     assert torch.tensor([1.0, 2.0], device=DEV).device.type == "flagos"
     assert torch.as_tensor(c(3), device=DEV).device.type == "flagos"
     assert d(2).to("cpu").device.type == "cpu"
+
+
+def test_only_the_index_argument_of_index_ops_may_stay_on_the_cpu() -> None:
+    with pytest.raises(RuntimeError, match=r"index_put_impl_: argument 'values'"):
+        d(3).index_put_((torch.tensor([1]),), c(1, 1).view(1))
