@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import re
 import sys
 import time
@@ -20,7 +21,7 @@ from provision import report as report_mod
 from provision.context import Options
 from provision.target import HostSpec, LocalTarget, SshTarget, TargetError, TargetInputError, q
 from scripts import outpaths
-from scripts.tasks.cli import CliTask, sigterm_as_interrupt
+from scripts.tasks.cli import CliTask, sigterm_as_interrupt, write_json
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 REPORT_DIR = PROJECT_ROOT / "out" / "provision"
@@ -40,7 +41,8 @@ def _controller_cache() -> Path:
 def _report_path(json_flag: str | None, target_name: str, dry: bool) -> Path:
     """The report file; a dry run writes beside the real report, never over it."""
     slug = re.sub(r"[^A-Za-z0-9_.-]+", "_", target_name)
-    path = Path(json_flag).expanduser() if json_flag else REPORT_DIR / f"{slug}.json"
+    given = json_flag not in (None, "", "-")  # `-`: stdout, and the default file as usual
+    path = Path(json_flag).expanduser() if given else REPORT_DIR / f"{slug}.json"
     return path.with_name(f"{path.stem}.dry{path.suffix or '.json'}") if dry else path
 
 
@@ -155,7 +157,9 @@ def _request(c, host, dry, only, skip, artifacts, oe_wheels, config, json, repor
             list_wheels(wheel_dir)
     except (config_mod.ConfigError, ValueError) as exc:
         raise _bad_input(str(exc)) from exc
-    if json_flag:
+    if json_flag == "-" and len(specs) > 1:
+        raise _bad_input(f"{flag_name} - prints one host's report; give a file for several hosts")
+    if json_flag and json_flag != "-":
         _check_report_path(flag_name, Path(json_flag).expanduser())
     options = Options(artifacts=art_dir, oe_wheels=wheel_dir, dry=dry)
     return _Request(cfg, selected, specs, options, bool(run_cfg.get("echo")), json_flag, flag_name)
@@ -178,6 +182,18 @@ def _provision_several(req: _Request, insecure_host_key: bool) -> None:
 
 
 def _provision_one(req: _Request, insecure_host_key: bool, started: float) -> None:
+    if req.json_flag == "-":
+        # Standard output carries only the JSON report; everything for people goes to stderr.
+        with contextlib.redirect_stdout(sys.stderr):
+            run = _run_one(req, insecure_host_key, started)
+        write_json(run.report, "-")
+    else:
+        run = _run_one(req, insecure_host_key, started)
+    if run.exit_code:
+        raise Exit(code=run.exit_code)
+
+
+def _run_one(req: _Request, insecure_host_key: bool, started: float) -> pipeline.Run:
     try:
         target = _open_target(req.specs[0] if req.specs else None, req.cfg, insecure_host_key,
                               req.echo)  # fmt: skip
@@ -209,6 +225,7 @@ def _provision_one(req: _Request, insecure_host_key: bool, started: float) -> No
     finally:
         target.close()
     _finish(run, out_path)
+    return run
 
 
 def _gather(target, req: _Request) -> dict[str, Any]:
@@ -225,7 +242,7 @@ def _gather(target, req: _Request) -> dict[str, Any]:
 
 
 def _finish(run: pipeline.Run, out_path: Path) -> None:
-    """The table, where the report is, how to resume after an interrupt; the exit code."""
+    """The table, where the report is, how to resume after an interrupt."""
     print(report_mod.table(run.outcomes))
     print(f"actions: {run.report['actions']}  report: {out_path}")
     stopped = plan.interrupted(run.outcomes)
@@ -237,8 +254,6 @@ def _finish(run: pipeline.Run, out_path: Path) -> None:
             "check ok and are skipped; a half-done install is detected and redone).",
             file=sys.stderr,
         )
-    if run.exit_code:
-        raise Exit(code=run.exit_code)
 
 
 def _open_target(spec, cfg: dict, insecure_host_key: bool, echo: bool):

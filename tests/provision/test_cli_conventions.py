@@ -58,11 +58,14 @@ def test_invoke_dry_changes_nothing_and_keeps_the_real_report(iso) -> None:
     assert proc.returncode == 0 and report.read_text() == '{"real": true}\n'
 
 
-def test_invoke_echo_shows_the_commands(iso) -> None:
+def test_invoke_echo_shows_the_commands_and_json_dash_is_stdout(iso) -> None:
     _, env = iso
     proc = _invoke(env, "-e", "provision", "--dry", "--only", "envfile", "--json", "-")
-    text = proc.stdout + proc.stderr
-    assert "[local] $ " in proc.stdout, text
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "[local] $ " in proc.stderr  # people's output on stderr ...
+    doc = json.loads(proc.stdout)  # ... so stdout is the report alone
+    assert doc["dry"] is True and [s["name"] for s in doc["steps"]] == ["envfile"]
+    assert not (REPO / "-.dry.json").exists() and not (REPO / "-").exists()
 
 
 @pytest.mark.parametrize(
