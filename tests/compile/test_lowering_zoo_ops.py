@@ -128,3 +128,34 @@ def test_swin_window_attention_folds_mask_and_tracks_bias_table_changes():
         expected = block(x)
     # the gathered bias came from a weight: a changed table must change the answer
     assert cosine(second, expected) > 0.99 and cosine(second, first) < 0.99
+
+
+def test_more_public_architecture_ops_offload_and_export():
+    """GroupNorm, PReLU, erf/log/sin/cos, softplus/mish, pixel_shuffle, stack, flip, normalize."""
+
+    class Ops(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = nn.Conv2d(4, 8, 1)
+            self.gn = nn.GroupNorm(2, 8)
+            self.prelu = nn.PReLU()
+
+        def forward(self, x):
+            y = self.gn(self.conv(x))
+            y = torch.erf(y) + torch.log(y.abs() + 1) + torch.sin(y) * torch.cos(y)
+            y = F.softplus(y) + F.mish(y) + self.prelu(y)
+            y = F.pixel_shuffle(y, 2)
+            y = torch.stack([y, y.flip(-1)], 1).sum(1)
+            return F.normalize(y, dim=1)
+
+    torch.manual_seed(0)
+    model = Ops().eval()
+    x = torch.randn(1, 4, 6, 6)
+    out, rep, reps = _run(model, x, executor="eager")
+    torch.testing.assert_close(out, model(x))
+    assert rep.coverage_pct == 100.0 and len(rep.partitions) == 1, rep.table()
+    assert {"group_norm", "prelu"} <= set(reps[0].rewrites)
+    torch._dynamo.reset()
+    out, _, reps = _run(model, x, executor="sim", quantize=False)
+    assert reps[0].runtimes[0].kind == "sim"  # exported
+    torch.testing.assert_close(out, model(x), rtol=1e-5, atol=1e-5)

@@ -199,6 +199,23 @@ def _rewrite(graph: fx.Graph, node: fx.Node) -> str | None:
         x, shape, w, b, eps = node.args
         if _replace_tuple_op(graph, node, aten.layer_norm.default, (x, shape, w, b, eps, False)):
             return "layer_norm"
+    elif target is aten.native_group_norm.default:
+        x, w, b, _n, _c, _hw, groups, eps = node.args
+        if _replace_tuple_op(graph, node, aten.group_norm.default, (x, groups, w, b, eps, False)):
+            return "group_norm"
+    elif target is aten._prelu_kernel.default:
+        # x if x > 0 else w * x  ==  relu(x) + w * min(x, 0), exactly (the other term is 0)
+        x, weight = node.args
+        xval = x.meta.get("val") if isinstance(x, fx.Node) else None
+        with graph.inserting_before(node):
+            pos = graph.call_function(aten.relu.default, (x,))
+            neg = graph.call_function(aten.clamp_max.default, (x, 0.0))
+            scaled = graph.call_function(aten.mul.Tensor, (neg, weight))
+        pos.meta["val"] = neg.meta["val"] = xval
+        scaled.meta["val"] = node.meta.get("val")
+        node.target = aten.add.Tensor
+        node.args = (pos, scaled)
+        return "prelu"
     elif target is aten.max_pool2d_with_indices.default:
         if _replace_tuple_op(graph, node, aten.max_pool2d.default, tuple(node.args)):
             return "max_pool2d"

@@ -20,7 +20,7 @@ aten = torch.ops.aten
 _TABLE: dict[str, tuple] = {
     "conv": (aten.convolution,),
     "gemm": (aten.addmm, aten.mm, aten.bmm, aten.linear, aten.matmul, aten.baddbmm),
-    "norm": (aten.batch_norm, aten.layer_norm),
+    "norm": (aten.batch_norm, aten.layer_norm, aten.group_norm),
     "activation": (
         aten.relu,
         aten.gelu,
@@ -35,6 +35,8 @@ _TABLE: dict[str, tuple] = {
         aten.clamp,
         aten.clamp_min,
         aten.clamp_max,
+        aten.softplus,
+        aten.mish,
     ),  # fmt: skip
     "pool": (aten.max_pool2d, aten.avg_pool2d, aten.adaptive_avg_pool2d, aten._adaptive_avg_pool2d),
     "elementwise": (
@@ -55,6 +57,11 @@ _TABLE: dict[str, tuple] = {
         aten.mean,
         aten.sum,
         aten.amax,
+        aten.erf,
+        aten.log,
+        aten.sin,
+        aten.cos,
+        aten.linalg_vector_norm,
     ),  # fmt: skip
     "softmax": (aten.softmax, aten.log_softmax),
     "resample": (aten.upsample_bilinear2d, aten.upsample_nearest2d),
@@ -78,6 +85,9 @@ _TABLE: dict[str, tuple] = {
         aten.roll,
         aten.constant_pad_nd,
         aten.repeat,
+        aten.stack,
+        aten.flip,
+        aten.pixel_shuffle,
     ),  # fmt: skip
 }
 _KIND_OF: dict = {packet: kind for kind, packets in _TABLE.items() for packet in packets}
