@@ -25,7 +25,7 @@ import pytest
 import yaml
 from invoke import Program
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[2]  # tests/docs/ -> the repository
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 FENCE = re.compile(r"^```(\S*)\s*$")
 SKIP = re.compile(r"^<!--\s*snippet:\s*skip:\s*(?P<reason>.*?)\s*-->\s*$")
