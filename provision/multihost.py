@@ -11,10 +11,10 @@ from __future__ import annotations
 import re
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from provision import facts as facts_mod
 from provision import pipeline, plan
@@ -23,6 +23,7 @@ from provision.context import Options
 from provision.target import HostSpec, SshTarget, TargetError, parse_host
 
 COMBINED_SCHEMA = "torch-fl/provision-multi/1"
+T = TypeVar("T")
 INTERRUPTED_CODE = 130  # 128 + SIGINT, as for a single host
 
 
@@ -91,6 +92,25 @@ def split_hosts(values: str | Iterable[str] | None) -> list[HostSpec]:
 
 def slug(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", name)
+
+
+def run_parallel(
+    work: Callable[[int, T], None], items: Sequence[T], name: Callable[[int, T], str]
+) -> None:
+    """work(index, item) for every item, each in its own daemon thread, until all are done.
+
+    The joins poll, so Ctrl-C reaches the caller as KeyboardInterrupt at once; the threads are
+    daemons, so the process can end without waiting for them.
+    """
+    threads = [
+        threading.Thread(target=work, args=(i, item), name=name(i, item), daemon=True)
+        for i, item in enumerate(items)
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        while thread.is_alive():
+            thread.join(timeout=0.5)
 
 
 class HostPrinter:
@@ -235,18 +255,10 @@ def provision_hosts(
                 name, "error", 1, "", now, now, error=f"{type(exc).__name__}: {exc}"
             )
 
-    # Daemon threads: Ctrl-C ends the command; every report already written is complete
-    # (atomic writes) and each step is idempotent, so the next run resumes.
-    threads = [
-        threading.Thread(target=work, args=(i, job), name=f"provision-{job.name}", daemon=True)
-        for i, job in enumerate(jobs)
-    ]
-    for thread in threads:
-        thread.start()
+    # Ctrl-C ends the command; every report already written is complete (atomic writes) and
+    # each step is idempotent, so the next run resumes.
     try:
-        for thread in threads:
-            while thread.is_alive():
-                thread.join(timeout=0.5)
+        run_parallel(work, jobs, lambda i, job: f"provision-{job.name}")
     except KeyboardInterrupt:
         done = [r.report for r in results.values() if r.report]
         print(f"provision: interrupted; complete reports so far: {done or 'none'}", flush=True)

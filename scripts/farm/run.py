@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from provision import facts as facts_mod
-from provision.multihost import HostJob, HostPrinter, provision_host, slug
+from provision.multihost import HostJob, HostPrinter, provision_host, run_parallel, slug
 from provision.steps import Options
 from provision.target import HostSpec, SshTarget, TargetError
 from scripts.farm import power
@@ -237,16 +237,8 @@ def run(job: FarmJob) -> tuple[int, list[PlaceOutcome], Path]:
     def work(index: int, request: Request) -> None:
         results[index] = _run_request(job, request, holdings, printer.for_host(request.label))
 
-    threads = [
-        threading.Thread(target=work, args=(i, r), name=f"farm-{i}", daemon=True)
-        for i, r in enumerate(job.requests)
-    ]
-    for thread in threads:
-        thread.start()
     try:
-        for thread in threads:
-            while thread.is_alive():
-                thread.join(timeout=0.5)
+        run_parallel(work, job.requests, lambda i, r: f"farm-{i}")
     except KeyboardInterrupt:
         client = LabgridClient(job.settings.coordinator, env=job.client_env)
         for token, place in holdings.snapshot().items():
