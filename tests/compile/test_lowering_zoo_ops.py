@@ -159,3 +159,37 @@ def test_more_public_architecture_ops_offload_and_export():
     out, _, reps = _run(model, x, executor="sim", quantize=False)
     assert reps[0].runtimes[0].kind == "sim"  # exported
     torch.testing.assert_close(out, model(x), rtol=1e-5, atol=1e-5)
+
+
+def test_causal_mask_buffer_compared_in_the_partition():
+    """nanoGPT-style attention: masked_fill(tril_buffer[..., :T, :T] == 0, -inf) on a buffer."""
+
+    class CausalSelfAttention(nn.Module):
+        def __init__(self, dim=32, heads=4, block=16):
+            super().__init__()
+            self.heads = heads
+            self.qkv = nn.Linear(dim, 3 * dim)
+            self.proj = nn.Linear(dim, dim)
+            self.register_buffer("bias", torch.tril(torch.ones(block, block))[None, None])
+
+        def forward(self, x):
+            b, t, c = x.shape
+            q, k, v = (
+                z.view(b, t, self.heads, c // self.heads).transpose(1, 2)
+                for z in self.qkv(x).split(c, dim=2)
+            )
+            att = (q @ k.transpose(-2, -1)) * (c // self.heads) ** -0.5
+            att = att.masked_fill(self.bias[:, :, :t, :t] == 0, float("-inf"))
+            y = torch.softmax(att, dim=-1) @ v
+            return self.proj(y.transpose(1, 2).reshape(b, t, c))
+
+    torch.manual_seed(0)
+    model = CausalSelfAttention().eval()
+    x = torch.randn(2, 12, 32)
+    out, rep, _ = _run(model, x, executor="eager")
+    torch.testing.assert_close(out, model(x))
+    assert rep.coverage_pct == 100.0 and len(rep.partitions) == 1, rep.table()
+    torch._dynamo.reset()
+    out, _, reps = _run(model, x, executor="sim")
+    assert reps[0].runtimes[0].kind == "sim"
+    assert cosine(out, model(x)) > 0.99

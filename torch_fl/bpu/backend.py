@@ -117,7 +117,8 @@ def compile_inference(
     _graph_counter += 1
     static = _static_indices(len(example_inputs))
     rewrites = apply_rewrites(gm)
-    plan = partition_graph(gm, settings.min_partition_ops)
+    inputs = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    plan = partition_graph(gm, settings.min_partition_ops, [inputs[i] for i in static])
     fused = plan.graph_module
     greport = GraphReport(
         graph_id,

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass, field
 
 from torch import fx
 from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
 from torch.fx.passes.utils.fuser_utils import fuse_by_partitions
 
-from torch_fl.bpu.partitioning.support import BpuOperatorSupport, is_compute
+from torch_fl.bpu.partitioning.support import BpuOperatorSupport, is_compute, weight_derived
 
 PREFIX = "bpu_partition_"
 
@@ -33,9 +34,15 @@ class PartitionPlan:
     total_compute: int = 0
 
 
-def partition_graph(gm: fx.GraphModule, min_partition_ops: int = 1) -> PartitionPlan:
-    """Partition `gm` (already rewritten) and fuse each partition into a submodule."""
-    support = BpuOperatorSupport()
+def partition_graph(
+    gm: fx.GraphModule, min_partition_ops: int = 1, frozen_inputs: Collection[fx.Node] = ()
+) -> PartitionPlan:
+    """Partition `gm` (already rewritten) and fuse each partition into a submodule.
+
+    `frozen_inputs` are the placeholders that hold parameters/buffers: ops computed from them
+    alone (a causal-mask buffer compared with 0) are weight-derived and may be non-float.
+    """
+    support = BpuOperatorSupport(weight_derived(gm, frozen_inputs))
     partitioner = CapabilityBasedPartitioner(gm, support, allows_single_node_partition=True)
     proposed = partitioner.propose_partitions()
     total_compute = sum(1 for n in gm.graph.nodes if is_compute(n))

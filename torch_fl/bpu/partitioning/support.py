@@ -8,7 +8,7 @@ below minimum size).
 from __future__ import annotations
 
 import operator
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 
 import torch
 from torch import fx
@@ -136,7 +136,28 @@ def _export_problem(node: fx.Node) -> str | None:
     return None
 
 
-def rejection_reason(node: fx.Node) -> str | None:
+# Non-float ops accepted when they read only weights/buffers/constants: their values are part of
+# the artifact (evaluated into initializers from the weights), not per-call integer work.
+_WEIGHT_DERIVED_OK = {
+    aten.eq, aten.ne, aten.lt, aten.le, aten.gt, aten.ge,
+    aten.logical_not, aten.logical_and, aten.logical_or, aten.bitwise_not,
+}  # fmt: skip
+
+
+def weight_derived(gm: fx.GraphModule, frozen_inputs: Collection[fx.Node]) -> set[fx.Node]:
+    """Nodes whose value depends only on `frozen_inputs`, get_attr constants and literals."""
+    derived: set[fx.Node] = set()
+    frozen = set(frozen_inputs)
+    for node in gm.graph.nodes:
+        if node.op == "get_attr" or node in frozen:
+            derived.add(node)
+        elif node.op == "call_function" and node.all_input_nodes:
+            if all(i in derived for i in node.all_input_nodes):
+                derived.add(node)
+    return derived
+
+
+def rejection_reason(node: fx.Node, derived: Collection[fx.Node] = ()) -> str | None:
     """Why `node` cannot run on the BPU, or None if it can."""
     if node.target is operator.getitem:
         producer = node.args[0]
@@ -145,6 +166,10 @@ def rejection_reason(node: fx.Node) -> str | None:
     val = node.meta.get("val")
     if isinstance(val, (tuple, list)):
         return f"tuple boundary: {node.target} returns {len(val)} outputs that are used"
+    packet = getattr(node.target, "overloadpacket", None)
+    if node in derived and packet in _WEIGHT_DERIVED_OK and isinstance(val, torch.Tensor):
+        if not _has_symbolic(val):
+            return None
     kind = op_kind(node)
     if kind is None:
         return f"unsupported op: {node.target}"
@@ -155,13 +180,15 @@ def rejection_reason(node: fx.Node) -> str | None:
     export_problem = _export_problem(node)
     if export_problem is not None:
         return export_problem
-    if val.dtype not in SUPPORTED_DTYPES:
+    if val.dtype not in SUPPORTED_DTYPES and not (node in derived and kind == "shape"):
         return f"dtype: output is {val.dtype}, the BPU path takes float32"
     for arg in node.all_input_nodes:
         aval = arg.meta.get("val")
         if isinstance(aval, torch.Tensor) and aval.dtype not in SUPPORTED_DTYPES:
             if kind in _INDEX_INPUT_KINDS and aval.dtype in _INDEX_DTYPES:
                 continue
+            if arg in derived and kind == "shape":
+                continue  # slicing/reshaping a weight-derived mask
             return f"dtype: input {arg.name} is {aval.dtype}, the BPU path takes float32"
         if _has_symbolic(aval):
             return "symbolic shape: the BPU needs static shapes (compile with dynamic=False)"
@@ -171,14 +198,15 @@ def rejection_reason(node: fx.Node) -> str | None:
 class BpuOperatorSupport(OperatorSupportBase):
     """OperatorSupport for CapabilityBasedPartitioner that remembers why it said no."""
 
-    def __init__(self) -> None:
+    def __init__(self, derived: Collection[fx.Node] = ()) -> None:
         super().__init__()
         self.reasons: dict[fx.Node, str] = {}
+        self.derived = derived
 
     def is_node_supported(self, submodules: Mapping[str, torch.nn.Module], node: fx.Node) -> bool:
         if node.op != "call_function":
             return False
-        reason = rejection_reason(node)
+        reason = rejection_reason(node, self.derived)
         if reason is not None:
             self.reasons[node] = reason
             return False
