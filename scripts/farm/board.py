@@ -141,9 +141,11 @@ class Board:
         q = shlex.quote
         if mode == "bootstrap":
             venv = f"{self.base}/venv"
-            # FARM=0: the board runs lanes, it never talks to the coordinator itself.
+            # FARM=0: the board runs lanes, it never talks to the coordinator itself. SYSTEM=0:
+            # the controller's host packages (qemu, the lab's tools) are not the board's; what the
+            # board needs, provisioning installed.
             rc = self.target.run_logged(
-                f"cd {q(self.checkout)} && FARM=0 VENV={q(venv)} scripts/bootstrap.sh",
+                f"cd {q(self.checkout)} && FARM=0 SYSTEM=0 VENV={q(venv)} scripts/bootstrap.sh",
                 self.log,
                 timeout=7200,
                 progress=lambda m: self.echo(f"  [bootstrap] {m}"),
