@@ -125,3 +125,26 @@ def test_labgrid_stays_out_of_the_project_environment():
     )  # fmt: skip
     assert out.returncode == 0, out.stderr
     assert Path(out.stdout.strip()).resolve() != Path(sys.prefix).resolve()
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["farm.provision", "--tag", "board=x", "--count", "abc", "--coordinator", "h:1"],
+         "not a whole number"),
+        (["farm.provision", "--place", "a", "--coordinator", "nohost"], "not HOST:PORT"),
+        (["farm.test", "--place", "a", "--coordinator", "h:1"], "name the lanes"),
+        (["farm.test", "--place", "a", "--coordinator", "h:1", "--lane", "nope"], "unknown lane"),
+        (["farm.test", "--place", "a", "--coordinator", "h:1", "--lane", "unit",
+          "--setup", "magic"], "--setup 'magic'"),
+    ],
+)  # fmt: skip
+def test_bad_farm_commands_exit_2_before_touching_the_farm(args, message, tmp_path):
+    repo = Path(__file__).resolve().parents[2]
+    proc = subprocess.run(
+        [sys.executable, "-m", "invoke", *args, "--out", str(tmp_path / "out")],
+        cwd=repo, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert message in proc.stderr
+    assert not (tmp_path / "out").exists()
