@@ -295,4 +295,14 @@ TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {
   m.fallback(torch::CppFunction::makeFromBoxedFunction<&flagos_fallback>());
 }
 
+// These ops have both a CPU kernel and a CompositeExplicitAutograd decomposition, and a backend
+// without its own kernel gets the decomposition, not the fallback. Its rounding differs from the
+// CPU kernel's (layer_norm over one element returned bias + 1e-4, amplified by rstd), and it
+// costs several fallback calls instead of one: send them to the CPU kernel like everything else.
+TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  for (const char* op : {"native_layer_norm", "native_group_norm", "addr", "addr.out"}) {
+    m.impl(op, torch::CppFunction::makeFromBoxedFunction<&flagos_fallback>());
+  }
+}
+
 }  // namespace torch_fl
