@@ -193,3 +193,34 @@ def test_causal_mask_buffer_compared_in_the_partition():
     out, _, reps = _run(model, x, executor="sim")
     assert reps[0].runtimes[0].kind == "sim"
     assert cosine(out, model(x)) > 0.99
+
+
+def test_embedding_and_padding_mask_cast_offload():
+    """BERT-style: token ids through nn.Embedding, an int64 padding mask cast to an additive
+    float mask; both inside the partition (Gather, Cast)."""
+
+    class Encoder(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed = nn.Embedding(100, 16)
+            self.out = nn.Linear(16, 16)
+
+        def forward(self, ids, mask):
+            x = self.embed(ids)
+            additive = (1.0 - mask[:, None, :].float()) * -10000.0
+            att = torch.softmax(x @ x.transpose(-1, -2) + additive, -1)
+            return self.out(att @ x)
+
+    torch.manual_seed(0)
+    model = Encoder().eval()
+    ids = torch.randint(0, 100, (2, 8))
+    mask = torch.ones(2, 8, dtype=torch.long)
+    mask[1, 5:] = 0
+    out, rep, reps = _run(model, ids, mask, executor="eager")
+    torch.testing.assert_close(out, model(ids, mask))
+    assert rep.coverage_pct == 100.0 and len(rep.partitions) == 1, rep.table()
+    assert reps[0].rewrites["cast"] == 1
+    torch._dynamo.reset()
+    out, _, reps = _run(model, ids, mask, executor="sim", quantize=False)
+    assert reps[0].runtimes[0].kind == "sim"
+    torch.testing.assert_close(out, model(ids, mask), rtol=1e-5, atol=1e-5)

@@ -249,6 +249,19 @@ def _rewrite(graph: fx.Graph, node: fx.Node) -> str | None:
             node.replace_all_uses_with(node.args[1])
             graph.erase_node(node)
             return "copy"
+    elif target is aten._to_copy.default and set(node.kwargs) <= {"dtype", "layout", "device"}:
+        # the exporter has no symbolic for _to_copy; `to` with only a dtype is the same cast
+        dtype = node.kwargs.get("dtype")
+        val = node.meta.get("val")
+        same_place = isinstance(val, torch.Tensor) and node.kwargs.get("device") in (
+            None,
+            val.device,
+        )
+        if dtype is not None and same_place and node.kwargs.get("layout") in (None, torch.strided):
+            node.target = aten.to.dtype
+            node.args = (node.args[0], dtype)
+            node.kwargs = {}
+            return "cast"
     elif target is aten.unbind.int:
         if _unbind_to_selects(graph, node):
             return "unbind"

@@ -67,6 +67,7 @@ _TABLE: dict[str, tuple] = {
     "resample": (aten.upsample_bilinear2d, aten.upsample_nearest2d),
     "select": (aten.where, aten.masked_fill),
     "gather": (aten.index, aten.index_select, aten.gather, aten.embedding),
+    "cast": (aten.to,),
     "shape": (
         aten.view,
         aten.reshape,
@@ -94,7 +95,7 @@ _KIND_OF: dict = {packet: kind for kind, packets in _TABLE.items() for packet in
 COMPUTE_KINDS = frozenset(kind for kind in _TABLE if kind != "shape")
 SUPPORTED_DTYPES = (torch.float32,)
 # Ops that read integer indices or a boolean condition/mask next to their float data.
-_INDEX_INPUT_KINDS = {"select", "gather"}
+_INDEX_INPUT_KINDS = {"select", "gather", "cast"}
 _INDEX_DTYPES = (torch.int64, torch.int32, torch.bool)
 
 
@@ -126,6 +127,8 @@ def _has_symbolic(value) -> bool:
 def _export_problem(node: fx.Node) -> str | None:
     """Argument forms of supported ops that do not export to ONNX (decided before partitioning,
     so an accepted partition always exports)."""
+    if node.target is aten.to.dtype and (len(node.args) != 2 or node.args[1] is not torch.float32):
+        return "export: only casts to float32 run in a partition"
     if node.target is aten.index.Tensor:
         indices = [i for i in node.args[1] if i is not None]
         vals = [i.meta.get("val") if isinstance(i, fx.Node) else None for i in indices]
