@@ -50,8 +50,12 @@ def test_library_without_ucp_symbols_is_rejected():
     assert "is not a UCP runtime: missing hbUCPMallocCached" in done.stderr
 
 
-def test_no_configuration_means_host_memory_without_warning():
-    done = run_python(PROBE, env={"FLAGOS_BPU_UCP_LIB": "", "FLAGOS_BPU_ENV_FILE": "/nonexistent"})
+def test_no_configuration_means_host_memory_without_warning(tmp_path: Path):
+    # A path that surely does not exist (a fixed one like /nonexistent may, on a shared host).
+    no_env_file = tmp_path / "no-env-file"
+    done = run_python(
+        PROBE, env={"FLAGOS_BPU_UCP_LIB": "", "FLAGOS_BPU_ENV_FILE": str(no_env_file)}
+    )
     assert done.returncode == 0, done.stderr
     assert "backend=host" in done.stdout
     assert "Warning" not in done.stderr
