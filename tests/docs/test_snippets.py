@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import re
 import shlex
+import signal
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -98,6 +99,27 @@ def sandbox_env(root: Path) -> dict[str, str]:
     return env
 
 
+def run_in_group(argv: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:
+    """Run a snippet as the leader of its own process group; whatever stops the test (its
+    timeout, Ctrl-C) stops the snippet and everything it started."""
+    proc = subprocess.Popen(
+        argv,
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        out, err = proc.communicate()
+    except BaseException:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        raise
+    return subprocess.CompletedProcess(argv, proc.returncode, out, err)
+
+
 def _by(lang: set[str], skipped: bool | None = None) -> list[Snippet]:
     return [
         s
@@ -126,14 +148,7 @@ def test_python_snippet_runs(snippet: Snippet, tmp_path: Path) -> None:
         pytest.skip("torch_fl._C is not built (invoke build --accelerator bpu)")
     script = tmp_path / "snippet.py"
     script.write_text(snippet.text)
-    proc = subprocess.run(
-        [sys.executable, str(script)],
-        cwd=REPO,
-        env=sandbox_env(tmp_path),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    proc = run_in_group([sys.executable, str(script)], sandbox_env(tmp_path))
     assert proc.returncode == 0, f"{snippet.id}:\n{proc.stdout}\n{proc.stderr}"
 
 
@@ -141,14 +156,7 @@ def test_python_snippet_runs(snippet: Snippet, tmp_path: Path) -> None:
 def test_shell_snippet_runs(snippet: Snippet, tmp_path: Path) -> None:
     env = sandbox_env(tmp_path)
     for command in commands(snippet.text):
-        proc = subprocess.run(
-            ["bash", "-c", command],
-            cwd=REPO,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
+        proc = run_in_group(["bash", "-c", command], env)
         assert proc.returncode == 0, f"{snippet.id}: `{command}`:\n{proc.stdout}\n{proc.stderr}"
         assert "Traceback" not in proc.stderr, f"{snippet.id}: `{command}`:\n{proc.stderr}"
 
@@ -200,3 +208,22 @@ def test_a_skip_marker_is_honoured_and_parse_checks_still_apply() -> None:
 
     with pytest.raises(ParseError):
         test_invoke_lines_parse(snippet)
+
+
+def test_a_stopped_snippet_leaves_nothing_running(tmp_path: Path) -> None:
+    pid_file = tmp_path / "pid"
+
+    def stop(signum: int, frame: object) -> None:
+        raise TimeoutError("the test's time is up")
+
+    previous = signal.signal(signal.SIGALRM, stop)
+    signal.alarm(2)
+    try:
+        with pytest.raises(TimeoutError):
+            run_in_group(["bash", "-c", f"sleep 60 & echo $! > {pid_file}; wait"], dict(os.environ))
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+    stat = Path(f"/proc/{int(pid_file.read_text())}/stat")
+    # Gone, or a zombie waiting to be collected: either way no longer running.
+    assert not stat.exists() or stat.read_text().split(")")[-1].split()[0] == "Z"
