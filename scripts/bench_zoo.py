@@ -78,6 +78,8 @@ def run_model(name: str, scale: str, iters: int, timing: bool, inductor: bool, c
     model, x = build(name, scale)
     row: dict = {"model": name, "input": list(x.shape)}
     with torch.no_grad():
+        row["graph_breaks"] = report.graph_breaks(model, x)
+    with torch.no_grad():
         ref = model(x)
     base = {"cache_dir": cache, "sim_threads": 1}
 
@@ -113,6 +115,7 @@ def run_model(name: str, scale: str, iters: int, timing: bool, inductor: bool, c
     row["health"] = [p.quant_health for g in sim_reps for p in g.partitions]
     row["health_cosine_min"] = min((h["cosine"] for h in row["health"] if h), default=None)
     row["targets"] = {
+        "no_graph_breaks": not row["graph_breaks"],
         "coverage": row["coverage_pct"] >= COVERAGE_TARGET,
         "partitions": row["partitions"] <= PARTITION_TARGET,
         "cosine_calibrated": row["cosine_calibrated"] >= COSINE_TARGET,
@@ -215,6 +218,8 @@ def main(argv: list[str] | None = None) -> int:
     from tests.compile.zoo import ZOO
 
     torch.set_num_threads(1)
+    # nn.GRU/LSTM are traced (not a graph break): what docs/compile-models.md tells users to set
+    torch._dynamo.config.allow_rnn = True
     names = [n for n in args.models.split(",") if n] or list(ZOO)
     unknown = [n for n in names if n not in ZOO]
     if unknown:

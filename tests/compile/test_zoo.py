@@ -12,9 +12,20 @@ from tests.compile.zoo import ZOO, build
 from torch_fl.bpu import report
 
 
+@pytest.fixture(autouse=True)
+def trace_rnns():
+    # Dynamo stops tracing at nn.GRU/LSTM unless told otherwise (the rest of the frame would run
+    # eagerly, outside every graph); the docs tell users the same
+    with torch._dynamo.config.patch(allow_rnn=True):
+        yield
+
+
 @pytest.mark.parametrize("name", list(ZOO))
 def test_zoo_model(name):
     model, x = build(name)
+    with torch.no_grad():
+        assert report.graph_breaks(model, x) == []  # nothing runs outside the compiled graphs
+    torch._dynamo.reset()
     with torch.no_grad():
         ref = model(x)
 

@@ -67,8 +67,11 @@ def _pct(part: int, whole: int) -> float:
 class Report:
     """All graphs of one compiled model."""
 
-    def __init__(self, graphs: list[GraphReport]) -> None:
+    def __init__(self, graphs: list[GraphReport], graph_breaks: list[dict] | None = None) -> None:
         self.graphs = graphs
+        # Where Dynamo stopped tracing: the code from there ran eagerly on the CPU, outside every
+        # graph (and outside the coverage numbers). Filled by explain().
+        self.graph_breaks = list(graph_breaks or [])
 
     @property
     def partitions(self) -> list[PartitionEntry]:
@@ -100,6 +103,7 @@ class Report:
             "coverage_pct": self.coverage_pct,
             "offloaded_pct": self.offloaded_pct,
             "executors": sorted({p.executor for p in self.partitions}),
+            "graph_breaks": self.graph_breaks,
         }
 
     def to_json(self) -> str:
@@ -121,6 +125,13 @@ class Report:
                     f"{p.nodes:>5} {p.frozen_params:>6}  {shapes}"
                     + (f"  ({p.executor_reason})" if p.executor_reason else "")
                 )
+        if self.graph_breaks:
+            lines.append(
+                f"Dynamo graph breaks: {len(self.graph_breaks)} (the code after each ran eagerly "
+                "on the CPU and is not counted above):"
+            )
+            for brk in self.graph_breaks:
+                lines.append(f"  {brk['where']}: {brk['reason']}")
         host = [g for g in self.graphs if g.grad_mode == "host-training"]
         if host:
             lines.append(
@@ -184,4 +195,23 @@ def explain(model: torch.nn.Module, *inputs: Any, **options: Any) -> Report:
             "explain: no graph reached the bpu backend (was the model already compiled and "
             "cached by Dynamo with other settings?); call torch._dynamo.reset() and retry"
         )
-    return Report(list(reports))
+    return Report(list(reports), graph_breaks(model, *inputs))
+
+
+def graph_breaks(model: torch.nn.Module, *inputs: Any) -> list[dict]:
+    """Where Dynamo stops tracing `model` (a second trace with Dynamo's own explain)."""
+    try:
+        result = torch._dynamo.explain(model)(*inputs)
+    except Exception as exc:  # the report must not fail because the diagnosis did
+        return [{"where": "?", "reason": f"could not trace for graph breaks: {exc}"}]
+    breaks = []
+    for brk in result.break_reasons:
+        frame = brk.user_stack[-1] if brk.user_stack else None
+        where = f"{frame.filename}:{frame.lineno} ({frame.line})" if frame is not None else "?"
+        reason = str(brk.reason).strip().splitlines()[0] if str(brk.reason).strip() else "?"
+        if "rnn" in (frame.line or "").lower() or any(
+            k in (frame.line or "") for k in ("lstm", "gru", "LSTM", "GRU")
+        ):
+            reason += " (nn.LSTM/GRU/RNN: set torch._dynamo.config.allow_rnn = True to trace it)"
+        breaks.append({"where": where, "reason": reason})
+    return breaks
