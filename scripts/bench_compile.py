@@ -251,6 +251,10 @@ def _print_table(r: dict) -> None:
             "(ms, target <= 0.1)",
             lw["backend_overhead_ms"],
         ),
+        (
+            "  ratio to Dynamo's own overhead (aot_eager, same run)",
+            lw["backend_overhead_ms"] / o["dynamo_aot_eager_overhead_ms"],
+        ),
         ("  of which weight feed (ms)", lw["weight_feed_ms"]),
         ("  ORT run, for scale (ms)", lw["ort_run_ms"]),
         (
