@@ -224,3 +224,25 @@ def test_embedding_and_padding_mask_cast_offload():
     out, _, reps = _run(model, ids, mask, executor="sim", quantize=False)
     assert reps[0].runtimes[0].kind == "sim"
     torch.testing.assert_close(out, model(ids, mask), rtol=1e-5, atol=1e-5)
+
+
+def test_lstm_traced_with_allow_rnn_is_decomposed_and_offloaded():
+    class Tagger(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lstm = nn.LSTM(16, 24, num_layers=2, batch_first=True, bidirectional=True)
+            self.head = nn.Linear(48, 5)
+
+        def forward(self, x):
+            y, (h, c) = self.lstm(x)
+            return self.head(y[:, -1]) + h.sum(0).mean() + c.sum(0).mean()
+
+    torch.manual_seed(0)
+    model = Tagger().eval()
+    x = torch.randn(2, 6, 16)
+    with torch._dynamo.config.patch(allow_rnn=True):
+        out, rep, reps = _run(model, x, executor="eager")
+        assert report.graph_breaks(model, x) == []
+    torch.testing.assert_close(out, model(x), rtol=1e-5, atol=1e-5)
+    assert rep.coverage_pct == 100.0 and len(rep.partitions) == 1, rep.table()
+    assert reps[0].rewrites["mkldnn_rnn_layer"] == 4  # 2 layers x 2 directions

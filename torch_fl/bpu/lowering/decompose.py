@@ -84,6 +84,22 @@ def encoder_layer(
     return F.layer_norm(x + ff(x), shape, n2_w, n2_b, eps)
 
 
+def lstm_layer(inp, w_ih, w_hh, b_ih, b_hh, hx, cx, reverse: bool):
+    """One LSTM layer and direction over a (T, B, I) sequence, gates in (i, f, g, o) order:
+    c' = sigmoid(f) c + sigmoid(i) tanh(g), h' = sigmoid(o) tanh(c'). Returns (y, h_T, c_T)."""
+    h, c = hx[0], cx[0]
+    projected = F.linear(inp, w_ih, b_ih)
+    steps = list(range(inp.shape[0]))
+    outputs = [None] * len(steps)
+    for t in reversed(steps) if reverse else steps:
+        gates = projected[t] + F.linear(h, w_hh, b_hh)
+        i, f, g, o = gates.chunk(4, -1)
+        c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
+        h = torch.sigmoid(o) * torch.tanh(c)
+        outputs[t] = h
+    return torch.stack(outputs, 0), h.unsqueeze(0), c.unsqueeze(0)
+
+
 def _sdpa_args(node: fx.Node) -> dict | None:
     """Keyword form of an SDPA-family node's inputs, or None if it cannot be decomposed."""
     target = node.target
@@ -119,9 +135,33 @@ def _sdpa_args(node: fx.Node) -> dict | None:
     }
 
 
-def _decomposition(node: fx.Node) -> tuple[Callable, list, bool] | None:
-    """(function of the tensor inputs, those inputs, whether the node returns a tuple)."""
+def _decomposition(node: fx.Node) -> tuple[Callable, list, tuple[int, ...] | None] | None:
+    """(function of the tensor inputs, those inputs, the tuple outputs it replaces (None: the
+    node returns one tensor))."""
     target = node.target
+    if target is aten.mkldnn_rnn_layer.default:
+        names = (
+            "input", "w0", "w1", "w2", "w3", "hx", "cx", "reverse", "batch_sizes", "mode",
+            "hidden_size", "num_layers", "has_biases", "bidirectional", "batch_first", "train",
+        )  # fmt: skip
+        values = dict(zip(names, node.args, strict=False))
+        values.update(node.kwargs)
+        lstm_mode = 2  # the oneDNN kind for LSTM
+        if (
+            values.get("mode") != lstm_mode
+            or values.get("batch_sizes")
+            or values.get("batch_first")
+            or values.get("bidirectional")
+            or values.get("num_layers", 1) != 1
+        ):
+            return None
+        reverse = bool(values.get("reverse"))
+        tensors = [values[n] for n in ("input", "w0", "w1", "w2", "w3", "hx", "cx")]
+
+        def lstm(*ts):
+            return lstm_layer(*ts, reverse)
+
+        return lstm, tensors, (0, 1, 2)
     sdpa = _sdpa_args(node)
     if sdpa is not None:
         tensors = [sdpa["q"], sdpa["k"], sdpa["v"]]
@@ -134,7 +174,8 @@ def _decomposition(node: fx.Node) -> tuple[Callable, list, bool] | None:
             mask = qkv_mask[3] if has_mask else None
             return attention(*qkv_mask[:3], mask, causal, scale, gqa)
 
-        return fn, tensors, target is not aten.scaled_dot_product_attention.default
+        single = target is aten.scaled_dot_product_attention.default
+        return fn, tensors, None if single else (0,)
     if target is aten._native_multi_head_attention.default:
         names = (
             "query", "key", "value", "embed_dim", "num_head", "qkv_weight", "qkv_bias",
@@ -151,7 +192,7 @@ def _decomposition(node: fx.Node) -> tuple[Callable, list, bool] | None:
         def mha(query, key, value, qkv_w, qkv_b, proj_w, proj_b):
             return self_attention_block(query, key, value, e, heads, qkv_w, qkv_b, proj_w, proj_b)
 
-        return mha, tensors, True
+        return mha, tensors, (0,)
     if target is aten._transformer_encoder_layer_fwd.default:
         args = list(node.args) + [None] * (20 - len(node.args))
         if args[18] is not None or node.kwargs.get("mask") is not None:
@@ -165,7 +206,7 @@ def _decomposition(node: fx.Node) -> tuple[Callable, list, bool] | None:
                 src, e, heads, qkv_w, qkv_b, proj_w, proj_b, use_gelu, norm_first, eps, *rest
             )
 
-        return layer, tensors, False
+        return layer, tensors, None
     return None
 
 
@@ -221,10 +262,10 @@ def decompose(gm: fx.GraphModule) -> dict[str, int]:
         found = _decomposition(node)
         if found is None:
             continue
-        fn, tensors, returns_tuple = found
-        if returns_tuple:
+        fn, tensors, replaced = found
+        if replaced is not None:
             users = list(node.users)
-            if any(u.target is not operator.getitem or u.args[1] != 0 for u in users):
+            if any(u.target is not operator.getitem or u.args[1] not in replaced for u in users):
                 continue  # an extra output (logsumexp, attention weights) is really used
         try:
             sub = _trace(fn, tensors)
@@ -234,9 +275,10 @@ def decompose(gm: fx.GraphModule) -> dict[str, int]:
         if sub is None:
             continue
         result = _inline(gm, node, sub, tensors)
-        if returns_tuple:
+        if replaced is not None:
+            pieces = result if isinstance(result, (tuple, list)) else (result,)
             for user in list(node.users):
-                user.replace_all_uses_with(result)
+                user.replace_all_uses_with(pieces[user.args[1]])
                 gm.graph.erase_node(user)
         else:
             node.replace_all_uses_with(result)
