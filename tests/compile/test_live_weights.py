@@ -186,3 +186,20 @@ def test_baked_weight_check_is_bytewise():
     frozen = FrozenWeights((1, 2), args)
     args[2].data = args[2].data.clone()  # same values, other memory
     assert frozen.stale(args)
+
+
+def test_live_bias_beyond_int32_is_clipped_not_wrapped():
+    """Activation scales are fixed at build; a bias grown past int32 at that scale saturates,
+    as the Q/DQ pass's own clip would, instead of wrapping to the opposite sign."""
+    model = nn.Conv2d(1, 1, 1).eval()
+    with torch.no_grad():
+        model.weight.fill_(1.0)
+        model.bias.fill_(1.0)
+    x = torch.zeros(1, 1, 2, 2)
+    compiled = compile_bpu(model, executor="sim", act_scale=1e-6)
+    with torch.no_grad():
+        assert torch.allclose(compiled(x), torch.ones(1, 1, 2, 2))
+        model.bias.data.fill_(100.0)  # 100 / (1e-6 x 1/127) is far beyond int32
+        out = compiled(x)
+    limit = 2**30 * float(torch.tensor(1e-6 / 127, dtype=torch.float32))
+    assert torch.allclose(out, torch.full_like(out, limit), rtol=1e-4)

@@ -11,7 +11,7 @@ buffers) named after their placeholders. From that export:
   every call: the weight-only nodes are put back, and each weight the Q/DQ pass turned into an
   int8 initializer is quantized in the graph instead, with the same arithmetic (per-channel
   `max|w|/127`, round half to even, within [-127, 127]; int32 biases at activation scale x
-  weight scale, computed in float64). The DequantizeLinear nodes the Q/DQ pass wrote stay; only
+  weight scale, computed in float64 and clipped, never wrapped). The DequantizeLinear nodes the Q/DQ pass wrote stay; only
   their int8 input and scale are now computed. A host executor running this graph can never run
   stale weights, and its int8 tensors are still explicit for integer kernels.
 
@@ -27,6 +27,8 @@ from dataclasses import dataclass
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
+
+from torch_fl.bpu.conversion.qdq import BIAS_QMAX
 
 # op -> (weight slot, bias slot); the ops whose weights the Q/DQ pass quantizes per channel
 QUANTIZED_WEIGHT_OPS = {"Conv": (1, 2), "Gemm": (1, 2), "MatMul": (1, None)}
@@ -164,7 +166,8 @@ class _Builder:
         return q, self.op("Reshape", [scale, flat])
 
     def bias(self, name: str, weight_scale: str, act_scale: float) -> tuple[str, str]:
-        """(int32 bias, scale): scale = float32(act * w_scale in float64), q = rint(b / scale)."""
+        """(int32 bias, scale): scale = float32(act * w_scale in float64), q = rint(b / scale)
+        clipped to +-BIAS_QMAX."""
         wide = self.op("Cast", [weight_scale], to=TensorProto.DOUBLE)
         scale64 = self.op("Mul", [wide, self.const(act_scale, np.float64)])
         scale = self.op("Cast", [scale64], to=TensorProto.FLOAT)
@@ -175,7 +178,11 @@ class _Builder:
                 self.op("Cast", [scale], to=TensorProto.DOUBLE),
             ],
         )
-        q = self.op("Cast", [self.op("Round", [ratio])], to=TensorProto.INT32)
+        # Clipped like the Q/DQ pass's bias, never wrapped: the activation scale was made
+        # bias-safe for the weights at build time, and live weights may since have grown.
+        bounds = [self.const(-BIAS_QMAX, np.float64), self.const(BIAS_QMAX, np.float64)]
+        clipped = self.op("Clip", [self.op("Round", [ratio]), *bounds])
+        q = self.op("Cast", [clipped], to=TensorProto.INT32)
         return q, scale
 
 
