@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import difflib
 import json
 import os
 import select
@@ -324,15 +325,33 @@ def totals(reports: dict[str, OpReport]) -> str:
     )
 
 
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--cap", type=int, default=SAMPLES_PER_DTYPE, help="samples per dtype")
+    parser.add_argument(
+        "--cap", type=_positive, default=SAMPLES_PER_DTYPE, help="samples per dtype"
+    )
     parser.add_argument("--only", nargs="*", help="op ids to run (default: all)")
-    parser.add_argument("--workers", type=int, default=2, help="children running ops at once")
+    parser.add_argument("--workers", type=_positive, default=2, help="children running ops at once")
     args = parser.parse_args(argv)
     start = time.monotonic()
     ops = load_ops()
     names = args.only or sorted(ops)
+    unknown = [name for name in names if name not in ops]
+    if unknown:
+        hints = {n: difflib.get_close_matches(n, ops, n=3) for n in unknown}
+        parser.error(
+            "no float32/complex64 OpInfo entry named "
+            + ", ".join(
+                f"{n!r} (did you mean {', '.join(h) or 'nothing close'}?)" for n, h in hints.items()
+            )
+        )
     counts: collections.Counter[str] = collections.Counter()
     to_run = [name for name in names if EXCLUSIONS.get(name, ("", ""))[0] != SKIP]
     counts["ops skipped"] = len(names) - len(to_run)
