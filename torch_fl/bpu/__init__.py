@@ -4,9 +4,8 @@ from torch_fl.bpu.backend import bpu_backend
 from torch_fl.bpu.calibrate import calibrate
 from torch_fl.bpu.conversion.calibration import Calibration
 from torch_fl.bpu.drivers import discover
-from torch_fl.bpu.errors import BpuError
+from torch_fl.bpu.errors import BpuError, StrictModeError
 from torch_fl.bpu.report import Report, explain
-from torch_fl.bpu.runtime.partition import StrictModeError
 from torch_fl.bpu.settings import BpuSettings, SettingsError, resolve
 
 __all__ = [

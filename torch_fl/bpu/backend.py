@@ -23,12 +23,13 @@ from torch._functorch.aot_autograd import make_boxed_func
 from torch_fl.bpu import gradmode
 from torch_fl.bpu import report as reporting
 from torch_fl.bpu.build import PartitionSpec
+from torch_fl.bpu.errors import ExecutorUnavailableError, StrictModeError
 from torch_fl.bpu.lowering import apply_rewrites
 from torch_fl.bpu.lowering.resize import keep_interpolate_whole
 from torch_fl.bpu.partitioning import partition_graph
 from torch_fl.bpu.report import GraphReport, PartitionEntry
 from torch_fl.bpu.runtime.executors import hbm_runtime_available
-from torch_fl.bpu.runtime.partition import PartitionRuntime, StrictModeError
+from torch_fl.bpu.runtime.partition import PartitionRuntime
 from torch_fl.bpu.settings import BpuSettings, resolve
 
 log = logging.getLogger("torch_fl.bpu")
@@ -74,7 +75,7 @@ def plan_executor(settings: BpuSettings) -> tuple[str, str]:
     board = hbm_runtime_available()
     if settings.executor == "hbm":
         if not board:
-            raise RuntimeError(
+            raise ExecutorUnavailableError(
                 "executor='hbm' needs the board runtime module hbm_runtime, which is not "
                 "importable here. Fix: run on an RDK S-series board, or use executor='sim' to "
                 "simulate the int8 numerics on this host"

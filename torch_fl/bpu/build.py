@@ -31,6 +31,7 @@ from torch_fl.bpu.conversion import live_weights
 from torch_fl.bpu.conversion.export import OPSET, canonical_bytes, export_onnx
 from torch_fl.bpu.conversion.qdq import bias_safe_scales, quantize_model
 from torch_fl.bpu.drivers import CompilerInfo, compile_onnx, discover
+from torch_fl.bpu.errors import CompileError
 from torch_fl.bpu.settings import BpuSettings
 
 PIPELINE_VERSION = "torch-fl-bpu-2"
@@ -202,7 +203,7 @@ def build(
     live = live_weights.make_live(weight_graph, baked, model, live_scales, settings.act_scale)
     live_bytes = canonical_bytes(live)
     if need_hbm and not want_compile:
-        raise RuntimeError(
+        raise CompileError(
             f"partition {spec.index}: no cached .hbm artifact and no hbdk4 compiler "
             f"({info.detail if info else 'not probed'}). Fix: compile on an x86_64 host "
             "(`invoke compile-host`) and `invoke ship-cache`, or provision the emulated compiler"

@@ -37,15 +37,11 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from torch_fl.bpu.errors import BpuError
+from torch_fl.bpu.errors import CacheError
 
 MANIFEST = "manifest.json"
 _HEX_KEY = re.compile(r"[0-9a-f]{64}")
 _FILE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
-
-
-class CacheError(BpuError, OSError):
-    """The cache directory cannot be used; the message names the path and the fix."""
 
 
 def is_key(key: object) -> bool:

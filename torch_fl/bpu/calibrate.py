@@ -8,6 +8,7 @@ from typing import Any
 import torch
 
 from torch_fl.bpu.conversion.calibration import Calibration, RangeObserver, health
+from torch_fl.bpu.errors import CalibrationError, CalibrationRunError
 from torch_fl.bpu.runtime import partition as runtime
 from torch_fl.bpu.settings import parse_option
 
@@ -54,9 +55,11 @@ def calibrate(
     finally:
         runtime.CALIBRATION.reset(token)
     if count == 0:
-        raise ValueError("calibrate: no samples given; pass an iterable of input tensors/tuples")
+        raise CalibrationError(
+            "calibrate: no samples given; pass an iterable of input tensors/tuples"
+        )
     if not session.observers:
-        raise RuntimeError(
+        raise CalibrationRunError(
             "calibrate: no BPU partition ran. Pass the object returned by "
             "torch.compile(model, backend='bpu') (not the original model)"
         )

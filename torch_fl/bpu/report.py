@@ -16,6 +16,8 @@ from typing import Any
 
 import torch
 
+from torch_fl.bpu.errors import ExplainError
+
 _COLLECTOR: contextvars.ContextVar[list | None] = contextvars.ContextVar(
     "torch_fl_bpu_report_collector", default=None
 )
@@ -191,7 +193,7 @@ def explain(model: torch.nn.Module, *inputs: Any, **options: Any) -> Report:
     with collect() as reports:
         compiled(*inputs)
     if not reports:
-        raise RuntimeError(
+        raise ExplainError(
             "explain: no graph reached the bpu backend (was the model already compiled and "
             "cached by Dynamo with other settings?); call torch._dynamo.reset() and retry"
         )

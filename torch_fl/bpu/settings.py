@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from torch_fl import envfile
-from torch_fl.bpu.errors import BpuError
+from torch_fl.bpu.errors import SettingsError
 from torch_fl.targets import MARCHES
 
 EXECUTORS = ("auto", "hbm", "sim", "eager")
@@ -28,10 +28,6 @@ ON_STALE = ("recompile", "eager")
 SIM_WEIGHTS = ("live", "checked")
 REPORT_FORMATS = ("none", "table", "json")
 COMPILE_ARTIFACT = ("auto", "always", "never")
-
-
-class SettingsError(BpuError, ValueError):
-    """An unknown option or a value the backend cannot use."""
 
 
 def _default_cache_dir() -> str:

@@ -19,6 +19,7 @@ import numpy as np
 import onnx
 
 from torch_fl.bpu.conversion.qdq import QMAX, activation_inputs
+from torch_fl.bpu.errors import CalibrationError
 
 FORMAT_VERSION = 1
 HEALTH_SAMPLES = 8  # calibration samples kept per partition to measure int8 against float
@@ -67,12 +68,12 @@ class Calibration:
         try:
             data = json.loads(Path(path).read_text(encoding="utf-8"))
         except FileNotFoundError:
-            raise ValueError(
+            raise CalibrationError(
                 f"calibration file {path} does not exist; create it with "
                 "torch_fl.bpu.calibrate(model, samples).save(path)"
             ) from None
         if not isinstance(data, dict) or data.get("format") != FORMAT_VERSION:
-            raise ValueError(
+            raise CalibrationError(
                 f"{path} is not a torch_fl.bpu calibration file (format {FORMAT_VERSION}); "
                 "recreate it with torch_fl.bpu.calibrate(...).save(path)"
             )

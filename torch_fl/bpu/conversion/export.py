@@ -17,11 +17,9 @@ import onnx
 import torch
 from torch import fx
 
+from torch_fl.bpu.errors import ExportError
+
 OPSET = 17
-
-
-class ExportError(RuntimeError):
-    """A partition could not be expressed in ONNX."""
 
 
 def export_onnx(

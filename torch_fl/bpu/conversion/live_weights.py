@@ -29,6 +29,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from torch_fl.bpu.conversion.qdq import BIAS_QMAX
+from torch_fl.bpu.errors import QuantizationError
 
 # op -> (weight slot, bias slot); the ops whose weights the Q/DQ pass quantizes per channel
 QUANTIZED_WEIGHT_OPS = {"Conv": (1, 2), "Gemm": (1, 2), "MatMul": (1, None)}
@@ -214,7 +215,9 @@ def make_live(
     before = [n for n in baked.graph.node if n.op_type in QUANTIZED_WEIGHT_OPS]
     after = [n for n in graph.node if n.op_type in QUANTIZED_WEIGHT_OPS]
     if [n.op_type for n in before] != [n.op_type for n in after]:
-        raise RuntimeError("the Q/DQ pass added or removed weight ops; cannot make weights live")
+        raise QuantizationError(
+            "the Q/DQ pass added or removed weight ops; cannot make weights live"
+        )
     build = _Builder()
     for old, new in zip(before, after, strict=True):
         w_slot, b_slot = QUANTIZED_WEIGHT_OPS[old.op_type]
@@ -225,10 +228,10 @@ def make_live(
         if dq is None or new.input[w_slot] == weight:
             continue  # left in float by the pass: the live tensor is read directly
         if dq.op_type != "DequantizeLinear" or dq.input[0] not in inits:
-            raise RuntimeError(f"unexpected weight quantization of {weight!r}: {dq.op_type}")
+            raise QuantizationError(f"unexpected weight quantization of {weight!r}: {dq.op_type}")
         axis = _attr(dq, "axis") if len(dq.input) > 1 else None
         if weight not in ranks:
-            raise RuntimeError(f"no shape recorded for weight tensor {weight!r}")
+            raise QuantizationError(f"no shape recorded for weight tensor {weight!r}")
         q, scale = build.weight(weight, ranks[weight], axis)
         dq.input[0], dq.input[1] = q, scale
         if b_slot is None or len(old.input) <= b_slot or old.input[b_slot] not in frontier:

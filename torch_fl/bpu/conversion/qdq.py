@@ -19,6 +19,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from torch_fl.bpu.errors import QuantizationError
+
 WEIGHT_OPS = {"Conv": 1, "Gemm": 1, "MatMul": 1}  # op -> index of the weight input
 POOL_OPS = ("MaxPool", "AveragePool", "GlobalAveragePool")
 QUANT_OPS = tuple(WEIGHT_OPS) + POOL_OPS
@@ -26,10 +28,6 @@ QMAX = 127
 # Largest |int32 bias| allowed: the int32 accumulator must still hold the bias plus the sum of
 # int8 products (K x 127 x 127 < 2^30 for every K below 66k).
 BIAS_QMAX = 2**30
-
-
-class QuantizationError(RuntimeError):
-    """The Q/DQ pass could not quantize the partition."""
 
 
 def per_channel_scales(weight: np.ndarray, axis: int) -> np.ndarray:

@@ -16,7 +16,7 @@ import tempfile
 from pathlib import Path
 
 from torch_fl.bpu.drivers.discovery import CompilerInfo, clean_env
-from torch_fl.bpu.errors import BpuError
+from torch_fl.bpu.errors import CompileError
 
 WORKER = Path(__file__).with_name("hbdk4_worker.py")
 WATCHDOG = Path(__file__).with_name("watchdog.py")
@@ -32,10 +32,6 @@ _FIXES = {
     "convert": "hbdk4 could not convert the graph for this march; check FLAGOS_BPU_MARCH",
     "compile": "hbdk4 failed to compile; see the message, or run with executor='sim'",
 }
-
-
-class CompileError(BpuError, RuntimeError):
-    """hbdk4 failed; the message names the stage and the fix."""
 
 
 def compile_onnx(

@@ -15,6 +15,8 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
+from torch_fl.bpu.errors import ArtifactError
+
 
 class SimExecutor:
     """ONNX Runtime on the Q/DQ graph: the BPU's int8 numerics on the host.
@@ -54,7 +56,7 @@ class SimExecutor:
         self._weights = tuple((n, p) for n, p in weights if n in known)
         missing = known - {n for n, _ in self._inputs} - {n for n, _ in self._weights}
         if missing:
-            raise RuntimeError(f"sim graph inputs {sorted(missing)} match no partition input")
+            raise ArtifactError(f"sim graph inputs {sorted(missing)} match no partition input")
         self._views: tuple[tuple[int, ...], dict] = ((), {})
         self._run = self.session.run
 
@@ -113,7 +115,7 @@ class HbmExecutor:
         self.runtime = module.HB_HBMRuntime(str(hbm_path))
         names = list(getattr(self.runtime, "model_names", None) or [])
         if len(names) != 1:
-            raise RuntimeError(
+            raise ArtifactError(
                 f"{hbm_path}: expected one model in the artifact, found {names or 'none'}; "
                 "delete the cache entry (invoke cache.clean) and recompile"
             )
@@ -123,7 +125,7 @@ class HbmExecutor:
         missing = [n for n in input_names if n not in have_in]
         missing += [n for n in output_names if n not in have_out]
         if missing:
-            raise RuntimeError(
+            raise ArtifactError(
                 f"{hbm_path}: tensors {missing} not in the artifact (inputs {have_in}, outputs "
                 f"{have_out}); the artifact does not belong to this partition. Fix: "
                 "`invoke cache.clean` and recompile"

@@ -22,7 +22,7 @@ from torch.autograd.profiler import record_function
 from torch_fl.bpu import build as builder
 from torch_fl.bpu.conversion.calibration import RangeObserver, health
 from torch_fl.bpu.conversion.freezing import FrozenWeights
-from torch_fl.bpu.errors import BpuError
+from torch_fl.bpu.errors import StrictModeError
 from torch_fl.bpu.report import PartitionEntry
 from torch_fl.bpu.runtime.executors import HbmExecutor, SimExecutor
 from torch_fl.bpu.settings import BpuSettings
@@ -32,10 +32,6 @@ _profiler_enabled = torch.autograd._profiler_enabled
 
 # Set by torch_fl.bpu.calibrate(): partitions record activation ranges instead of executing.
 CALIBRATION: contextvars.ContextVar = contextvars.ContextVar("torch_fl_bpu_calib", default=None)
-
-
-class StrictModeError(BpuError, RuntimeError):
-    """strict=True and something was not offloaded."""
 
 
 class PartitionRuntime(torch.nn.Module):
