@@ -168,7 +168,15 @@ def rejection_reason(node: fx.Node, derived: Collection[fx.Node] = ()) -> str | 
         return f"tuple boundary: reads an output of {name}, which stays on the CPU"
     val = node.meta.get("val")
     if isinstance(val, (tuple, list)):
-        return f"tuple boundary: {node.target} returns {len(val)} outputs that are used"
+        used = sorted(
+            {u.args[1] for u in node.users if u.target is operator.getitem and len(u.args) > 1}
+        )
+        if used == [0]:  # the extra outputs are unused: the op itself is the problem
+            return (
+                f"unsupported op: {node.target} (a fused kernel the lowering could not "
+                "decompose with these arguments)"
+            )
+        return f"tuple boundary: {node.target} returns {len(val)} outputs, outputs {used} are used"
     packet = getattr(node.target, "overloadpacket", None)
     if node in derived and packet in _WEIGHT_DERIVED_OK and isinstance(val, torch.Tensor):
         if not _has_symbolic(val):
