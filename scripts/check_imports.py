@@ -19,14 +19,7 @@ ROOTS = ("torch_fl", "provision", "scripts")
 
 # Cycles that exist and are being taken apart; each entry goes once its cycle is gone (main()
 # says so). Any other cycle fails the check.
-KNOWN_CYCLES: frozenset[tuple[str, ...]] = frozenset(
-    {
-        ("torch_fl", "torch_fl.autograd_exit", "torch_fl.device"),
-        ("torch_fl.bpu.backend", "torch_fl.bpu.report", "torch_fl.bpu.runtime.partition"),
-        # tools imports FarmError from labgrid_client, which imports tools in two functions
-        ("scripts.farm.labgrid_client", "scripts.farm.tools"),
-    }
-)
+KNOWN_CYCLES: frozenset[tuple[str, ...]] = frozenset()
 
 Graph = dict[str, set[str]]
 
@@ -47,32 +40,89 @@ def find_modules(repo: Path, roots: Iterable[str] = ROOTS) -> dict[str, Path]:
     return found
 
 
-def _imported(node: ast.AST, package: str, modules: Mapping[str, Path]) -> list[str]:
-    """The dotted names one import statement refers to (possibly not modules of ours)."""
-    if isinstance(node, ast.Import):
-        return [alias.name for alias in node.names]
-    if not isinstance(node, ast.ImportFrom):
-        return []
+def _from_base(node: ast.ImportFrom, package: str) -> str:
     base = node.module or ""
     if node.level:  # relative: `from . import x`, `from ..a import b`
         parts = package.split(".")
         parts = parts[: len(parts) - (node.level - 1)]
         base = ".".join(parts + ([base] if base else []))
-    # `from pkg import name` imports the submodule pkg.name when there is one, else pkg itself
-    return [f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in node.names]
+    return base
+
+
+def package_bindings(name: str, tree: ast.Module) -> set[str] | None:
+    """Names a package's __init__ binds itself (defs, assignments, imports from elsewhere).
+
+    None when it cannot be told statically (a star import). Names it imports from the package
+    itself (`from pkg import _C`) are submodules, not its own attributes.
+    """
+    bound: set[str] = set()
+    todo: list[ast.stmt] = list(tree.body)
+    while todo:
+        stmt = todo.pop()
+        if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            bound.add(stmt.name)
+        elif isinstance(stmt, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+            targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
+            for target in targets:
+                bound.update(n.id for n in ast.walk(target) if isinstance(n, ast.Name))
+        elif isinstance(stmt, ast.Import):
+            bound.update(a.asname or a.name.split(".")[0] for a in stmt.names)
+        elif isinstance(stmt, ast.ImportFrom):
+            if any(a.name == "*" for a in stmt.names):
+                return None
+            if _from_base(stmt, name) != name:
+                bound.update(a.asname or a.name for a in stmt.names)
+        else:  # if/try/with blocks at module level bind names too
+            for field in ("body", "orelse", "finalbody", "handlers"):
+                todo.extend(getattr(stmt, field, None) or [])
+    return bound
+
+
+def _imported(
+    node: ast.AST,
+    package: str,
+    modules: Mapping[str, Path],
+    bindings: Mapping[str, set[str] | None] | None = None,
+) -> list[str]:
+    """The dotted names one import statement refers to (possibly not modules of ours)."""
+    if isinstance(node, ast.Import):
+        return [alias.name for alias in node.names]
+    if not isinstance(node, ast.ImportFrom):
+        return []
+    base = _from_base(node, package)
+    found = []
+    for alias in node.names:
+        # `from pkg import name` imports the submodule pkg.name when there is one; a name the
+        # package's __init__ does not bind is a submodule with no Python source (a compiled
+        # extension such as torch_fl._C), which imports nothing of ours; else pkg itself
+        if f"{base}.{alias.name}" in modules:
+            found.append(f"{base}.{alias.name}")
+        elif bindings is None or base not in bindings:
+            found.append(base)
+        else:
+            bound = bindings[base]
+            found.append(base if bound is None or alias.name in bound else "")
+    return found
 
 
 def build_graph(modules: Mapping[str, Path]) -> Graph:
     """Module -> the modules of ours it imports."""
-    graph: Graph = {name: set() for name in modules}
+    trees: dict[str, ast.Module] = {}
     for name, path in modules.items():
         try:
-            tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+            trees[name] = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
         except (SyntaxError, UnicodeDecodeError) as exc:
             raise ValueError(f"{path}: cannot parse it ({exc}); fix the file first") from exc
+    bindings = {
+        name: package_bindings(name, trees[name])
+        for name, path in modules.items()
+        if path.name == "__init__.py"
+    }
+    graph: Graph = {name: set() for name in modules}
+    for name, path in modules.items():
         package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-        for node in ast.walk(tree):
-            for target in _imported(node, package, modules):
+        for node in ast.walk(trees[name]):
+            for target in _imported(node, package, modules, bindings):
                 while target and target not in modules:  # `a.b.func` -> module `a.b`
                     target = target.rpartition(".")[0]
                 if target and target != name:

@@ -16,19 +16,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from scripts.farm import tools
+from scripts.farm.errors import FarmError
+
 _TOKEN = re.compile(r"LG_TOKEN=([A-Z0-9]+)")
 _ACQUIRED = re.compile(r"^acquired place (\S+)$", re.MULTILINE)
 _PLACE = re.compile(r"^Place '([^']+)':", re.MULTILINE)
 TAG = re.compile(r"^[a-z][a-z0-9_]*=[A-Za-z0-9_.:-]+$")
 
 
-class FarmError(RuntimeError):
-    """The farm could not do what was asked; the message names the place and the cause."""
-
-
 def client_binary() -> str:
-    from scripts.farm import tools
-
     return tools.tool("labgrid-client")
 
 
@@ -128,8 +125,6 @@ class LabgridClient:
 
     def resolve(self, place: str, timeout: float = 60.0) -> dict[str, Any]:
         """The place's resources (NetworkService, optional power/serial) via labgrid's API."""
-        from scripts.farm import tools
-
         argv = [tools.python(), "-m", "scripts.farm.resolve", place]
         root = str(Path(__file__).resolve().parents[2])
         env = self._environ()

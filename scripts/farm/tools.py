@@ -11,7 +11,7 @@ import os
 import shutil
 from pathlib import Path
 
-from scripts.farm.labgrid_client import FarmError
+from scripts.farm.errors import FarmError
 
 REPO = Path(__file__).resolve().parents[2]
 INSTALL_HINT = (

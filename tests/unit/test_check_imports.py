@@ -48,6 +48,32 @@ def test_acyclic_package_and_self_import(tmp_path):
     assert check_imports.cycles(graph) == []
 
 
+def test_extension_submodule_is_not_the_package(tmp_path):
+    # `from pkg import _C` names a compiled submodule (no .py): an edge to pkg would make every
+    # module using the extension look like part of a cycle with pkg/__init__.py
+    repo = _package(
+        tmp_path,
+        {
+            "pkg/__init__.py": "from pkg import _C, dev\nVERSION = 1\n",
+            "pkg/dev.py": "from pkg import _C\n",
+            "pkg/user.py": "from pkg import VERSION\n",  # an attribute of __init__: an edge
+        },
+    )
+    graph = check_imports.build_graph(check_imports.find_modules(repo, ("pkg",)))
+    assert graph == {"pkg": {"pkg.dev"}, "pkg.dev": set(), "pkg.user": {"pkg"}}
+
+
+def test_star_import_in_init_keeps_the_package_edge(tmp_path):
+    repo = _package(
+        tmp_path,
+        {
+            "pkg/__init__.py": "from pkg.dev import *\n",
+            "pkg/dev.py": "from pkg import anything\n",
+        },
+    )
+    assert check_imports.check(repo, roots=("pkg",)) == [["pkg", "pkg.dev"]]
+
+
 def test_two_module_cycle_reported_by_main(tmp_path, capsys, monkeypatch):
     repo = _package(
         tmp_path,

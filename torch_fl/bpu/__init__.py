@@ -5,7 +5,8 @@ from torch_fl.bpu.calibrate import calibrate
 from torch_fl.bpu.conversion.calibration import Calibration
 from torch_fl.bpu.drivers import discover
 from torch_fl.bpu.errors import BpuError, StrictModeError
-from torch_fl.bpu.report import Report, explain
+from torch_fl.bpu.explainer import explain
+from torch_fl.bpu.report import Report
 from torch_fl.bpu.settings import BpuSettings, SettingsError, resolve
 
 __all__ = [

@@ -1,8 +1,8 @@
 """Coverage report: what went to the BPU, what stayed on the CPU and why. Table and JSON.
 
 Each compiled graph owns a `GraphReport`; partitions update their entry when their executor is
-resolved (first call). `explain(model, *inputs)` compiles and runs the model once and returns a
-`Report` over all graphs (several when Dynamo breaks the graph).
+resolved (first call). `torch_fl.bpu.explain(model, *inputs)` (explainer.py) compiles and runs
+the model once and returns a `Report` over all graphs (several when Dynamo breaks the graph).
 """
 
 from __future__ import annotations
@@ -15,8 +15,6 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch
-
-from torch_fl.bpu.errors import ExplainError
 
 _COLLECTOR: contextvars.ContextVar[list | None] = contextvars.ContextVar(
     "torch_fl_bpu_report_collector", default=None
@@ -179,25 +177,6 @@ def collect() -> Iterator[list[GraphReport]]:
         yield reports
     finally:
         _COLLECTOR.reset(token)
-
-
-def explain(model: torch.nn.Module, *inputs: Any, **options: Any) -> Report:
-    """Compile `model` with the bpu backend, run it once on `inputs`, return the coverage.
-
-    The call runs in the caller's grad mode, so the report says what a call made the same way
-    does: under grad mode a model in training mode runs on the host, and the report shows it.
-    """
-    from torch_fl.bpu.backend import bpu_backend
-
-    compiled = torch.compile(model, backend=bpu_backend, options=options or None, dynamic=False)
-    with collect() as reports:
-        compiled(*inputs)
-    if not reports:
-        raise ExplainError(
-            "explain: no graph reached the bpu backend (was the model already compiled and "
-            "cached by Dynamo with other settings?); call torch._dynamo.reset() and retry"
-        )
-    return Report(list(reports), graph_breaks(model, *inputs))
 
 
 def graph_breaks(model: torch.nn.Module, *inputs: Any) -> list[dict]:
