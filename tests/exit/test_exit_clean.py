@@ -120,10 +120,11 @@ def test_exit_is_clean_per_case(standin_ucp_lib: Path, case: str):
         assert_clean(run_python(program(CASES[case]), env), f"{case} run {run}")
 
 
-def test_exit_is_clean_on_host_memory():
+def test_exit_is_clean_on_host_memory(tmp_path: Path):
+    # A path under tmp_path surely does not exist; a fixed one like /nonexistent may on a shared host.
     done = run_python(
         program(CASES["live-tensors"]).replace("== 'ucp'", "== 'host'"),
-        {"FLAGOS_BPU_UCP_LIB": "", "FLAGOS_BPU_ENV_FILE": "/nonexistent"},
+        {"FLAGOS_BPU_UCP_LIB": "", "FLAGOS_BPU_ENV_FILE": str(tmp_path / "no-env-file")},
     )
     assert_clean(done, "host")
 
