@@ -129,7 +129,7 @@ def compile_inference(
         grad_mode=grad_mode,
     )
     greport.runtimes = []  # not a dataclass field: kept out of JSON, used by tests/tools
-    if settings.strict and any(r.target != "<built-in function getitem>" for r in plan.rejected):
+    if settings.strict and plan.blockers:
         details = "; ".join(f"{r.node} ({r.target}): {r.reason}" for r in plan.rejected)
         raise StrictModeError(f"strict: nodes not offloaded to the BPU: {details}")
     kind, reason = plan_executor(settings)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Collection
 from dataclasses import dataclass, field
 
@@ -32,6 +33,8 @@ class PartitionPlan:
     compute_counts: dict[str, int]
     rejected: list[Rejected] = field(default_factory=list)
     total_compute: int = 0
+    # the rejected nodes that are ops, not getitem reads of a CPU tuple (strict mode refuses these)
+    blockers: list[Rejected] = field(default_factory=list)
 
 
 def partition_graph(
@@ -62,16 +65,20 @@ def partition_graph(
             keep.append(partition)
 
     rejected = []
+    blockers = []
     for node in gm.graph.nodes:
         if not is_compute(node):
             continue
         reason = support.reasons.get(node) or small_reasons.get(node)
         if reason is not None:
             rejected.append(Rejected(node.name, str(node.target), reason))
+            blockers.append(rejected[-1])
     # getitems are not compute but their reasons explain the tuple boundary; keep them too.
     for node, reason in support.reasons.items():
         if not is_compute(node) and node.op == "call_function" and node.graph is gm.graph:
             rejected.append(Rejected(node.name, str(node.target), reason))
+            if node.target is not operator.getitem:
+                blockers.append(rejected[-1])
 
     if keep:
         fused = fuse_by_partitions(
@@ -84,4 +91,4 @@ def partition_graph(
         name: sum(1 for n in fused.get_submodule(name).graph.nodes if is_compute(n))
         for name in names
     }
-    return PartitionPlan(fused, names, counts, rejected, total_compute)
+    return PartitionPlan(fused, names, counts, rejected, total_compute, blockers)
