@@ -90,7 +90,7 @@ def test_calibrate_without_samples_is_a_bpu_error():
 
 
 def test_hbm_executor_without_board_is_a_bpu_error(monkeypatch):
-    from torch_fl.bpu.backend import plan_executor
+    from torch_fl.bpu.runtime.registry import plan_executor
     from torch_fl.bpu.settings import resolve
 
     monkeypatch.setattr(

@@ -7,11 +7,12 @@ from torch import nn
 import torch_fl.bpu as bpu
 from tests.compile.bpu_helpers import compile_bpu, cosine
 from tests.compile.models import ConvStack, DepthwiseSeparable, ResNet18, seeded
-from torch_fl.bpu import backend, report
+from torch_fl.bpu import report
+from torch_fl.bpu.runtime import registry
 
 
 def test_auto_without_board_is_eager_bit_exact_with_one_warning(monkeypatch):
-    monkeypatch.setattr(backend, "_warned_no_board", False)
+    monkeypatch.setattr(registry, "_warned_no_board", False)
     model = seeded(DepthwiseSeparable())
     x = torch.randn(1, 8, 16, 16)
     with warnings.catch_warnings(record=True) as caught, torch.no_grad():

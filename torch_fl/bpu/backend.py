@@ -23,17 +23,16 @@ from torch._functorch.aot_autograd import make_boxed_func
 from torch_fl.bpu import gradmode
 from torch_fl.bpu import report as reporting
 from torch_fl.bpu.build import PartitionSpec
-from torch_fl.bpu.errors import ExecutorUnavailableError, StrictModeError
+from torch_fl.bpu.errors import StrictModeError
 from torch_fl.bpu.lowering import apply_rewrites
 from torch_fl.bpu.lowering.resize import keep_interpolate_whole
 from torch_fl.bpu.partitioning import partition_graph
 from torch_fl.bpu.report import GraphReport, PartitionEntry
-from torch_fl.bpu.runtime.executors import hbm_runtime_available
 from torch_fl.bpu.runtime.partition import PartitionRuntime
+from torch_fl.bpu.runtime.registry import plan_executor
 from torch_fl.bpu.settings import BpuSettings, resolve
 
 log = logging.getLogger("torch_fl.bpu")
-_warned_no_board = False
 _graph_counter = 0
 _warned_grad: set = set()
 
@@ -63,36 +62,6 @@ def _host_forward_compiler(gm: fx.GraphModule, example_inputs, reason: str):
     greport.runtimes = []
     reporting.register(greport)
     return make_boxed_func(gm.forward)
-
-
-def plan_executor(settings: BpuSettings) -> tuple[str, str]:
-    """The executor every partition of this graph will use, and why."""
-    global _warned_no_board
-    if settings.executor == "eager":
-        return "eager", "executor='eager' requested"
-    if settings.executor == "sim":
-        return "sim", ""
-    board = hbm_runtime_available()
-    if settings.executor == "hbm":
-        if not board:
-            raise ExecutorUnavailableError(
-                "executor='hbm' needs the board runtime module hbm_runtime, which is not "
-                "importable here. Fix: run on an RDK S-series board, or use executor='sim' to "
-                "simulate the int8 numerics on this host"
-            )
-        return "hbm", ""
-    if board:
-        return "hbm", ""
-    reason = "no BPU runtime (hbm_runtime) on this machine"
-    if not _warned_no_board and not settings.strict:
-        _warned_no_board = True
-        warnings.warn(
-            f"torch_fl.bpu: {reason}; BPU partitions run eagerly on the CPU (bit-exact). Use "
-            "options={'executor': 'sim'} to run the int8 Q/DQ graph on the host, or "
-            "options={'executor': 'eager'} to silence this warning.",
-            stacklevel=2,
-        )
-    return "eager", reason
 
 
 def _shape(node: fx.Node):

@@ -1,9 +1,10 @@
-"""The three ways a partition runs.
+"""The three ways a partition runs: hbm (the board), sim (int8 numerics on the host), eager.
 
-Each executor is a callable returning a tuple of tensors. The sim executor takes all of the
-partition's inputs (weights included: it runs them live); the hbm executor takes the runtime
-inputs only (its artifact holds the weights). Everything that can be computed once
-(names, dtypes, the ORT session) is computed in the constructor: the call path only converts.
+Each executor takes all of the partition's inputs, in the order of its placeholders, and
+returns a tuple of tensors (`Executor`). The sim executor reads the weights among them live; the
+hbm executor picks the runtime inputs (its artifact holds the weights). Everything that can be
+computed once (names, dtypes, the ORT session) is computed in the constructor: the call path only
+converts. Which one runs is chosen in registry.py.
 """
 
 from __future__ import annotations
@@ -11,11 +12,32 @@ from __future__ import annotations
 import importlib
 import importlib.util
 from collections.abc import Sequence
+from typing import Protocol
 
 import numpy as np
 import torch
 
 from torch_fl.bpu.errors import ArtifactError
+
+
+class Executor(Protocol):
+    """Runs one partition: every partition input in, the partition's outputs out."""
+
+    kind: str
+
+    def __call__(self, args: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]: ...
+
+
+class EagerExecutor:
+    """The partition's own FX graph on the CPU: bit-exact, and the fallback of the others."""
+
+    kind = "eager"
+
+    def __init__(self, gm: torch.nn.Module) -> None:
+        self.gm = gm
+
+    def __call__(self, args: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
+        return self.gm(*args)
 
 
 class SimExecutor:
@@ -109,8 +131,14 @@ class HbmExecutor:
     kind = "hbm"
 
     def __init__(
-        self, hbm_path: str, input_names: Sequence[str], output_names: Sequence[str]
+        self,
+        hbm_path: str,
+        input_names: Sequence[str],
+        output_names: Sequence[str],
+        positions: Sequence[int],
     ) -> None:
+        """`positions`: where each of `input_names` sits among the partition's inputs."""
+        self.positions = tuple(positions)
         module = importlib.import_module("hbm_runtime")
         self.runtime = module.HB_HBMRuntime(str(hbm_path))
         names = list(getattr(self.runtime, "model_names", None) or [])
@@ -140,8 +168,9 @@ class HbmExecutor:
         self.outputs = [(name, out_quants.get(name)) for name in output_names]
         self._run = self.runtime.run
 
-    def __call__(self, inputs: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
+    def __call__(self, args: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
         feed = {}
+        inputs = [args[i] for i in self.positions]
         for (name, dtype, quant), t in zip(self.inputs, inputs, strict=False):
             array = t.detach().numpy()
             if array.dtype != dtype:

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import contextvars
 import logging
-import os
-import shutil
 import warnings
 from collections.abc import Sequence
 
@@ -24,7 +22,8 @@ from torch_fl.bpu.conversion.calibration import RangeObserver, health
 from torch_fl.bpu.conversion.freezing import FrozenWeights
 from torch_fl.bpu.errors import StrictModeError
 from torch_fl.bpu.report import PartitionEntry
-from torch_fl.bpu.runtime.executors import HbmExecutor, SimExecutor
+from torch_fl.bpu.runtime.executors import EagerExecutor, Executor
+from torch_fl.bpu.runtime.registry import EXECUTORS
 from torch_fl.bpu.settings import BpuSettings
 
 log = logging.getLogger("torch_fl.bpu")
@@ -54,7 +53,7 @@ class PartitionRuntime(torch.nn.Module):
             self.scales = settings.calibration.for_partition(spec.fingerprint)
         self.last_build: builder.BuildResult | None = None
         self.builds = 0
-        self._exec = None
+        self._exec: Executor | None = None
         self._frozen: FrozenWeights | None = None
         self._set_kind(executor, reason)
 
@@ -97,8 +96,7 @@ class PartitionRuntime(torch.nn.Module):
         return self.forward(*args)
 
     def _use_eager(self, reason: str) -> None:
-        eager = self.eager
-        self._exec = lambda args: eager(*args)
+        self._exec = EagerExecutor(self.eager)
         self._frozen = None
         self._set_kind("eager", reason)
 
@@ -139,30 +137,12 @@ class PartitionRuntime(torch.nn.Module):
             self.scales = observer.scales()
             label = f"partition {self.spec.index}"
             self.entry.quant_health = health(observer, self.scales, settings.act_scale, label)
+        how = EXECUTORS[kind]
         try:
             result = builder.build(
-                self.spec, args, settings, self.scales, kind == "hbm", compile_artifact
+                self.spec, args, settings, self.scales, how.needs_hbm, compile_artifact
             )
-            executor = None
-            if kind == "sim":
-                spec = self.spec
-                live = settings.sim_weights == "live"
-                executor = SimExecutor(
-                    result.live_bytes if live else result.onnx_bytes,
-                    settings.sim_threads,
-                    list(zip(spec.input_names, spec.runtime_positions, strict=True)),
-                    list(zip(spec.weight_names, spec.frozen_positions, strict=True))
-                    if live
-                    else (),
-                )
-            elif kind == "hbm":
-                try:
-                    executor = HbmExecutor(
-                        result.hbm_path, self.spec.input_names, result_outputs(self)
-                    )
-                finally:
-                    if result.temporary:  # loaded (or failed): the uncached file is not needed
-                        shutil.rmtree(os.path.dirname(result.hbm_path), ignore_errors=True)
+            executor = how.make(self.spec, settings, result)
         except Exception as exc:
             if settings.strict or settings.executor != "auto":
                 if settings.strict:
@@ -179,18 +159,12 @@ class PartitionRuntime(torch.nn.Module):
         self.builds += 1
         self.entry.artifact_key = result.artifact.key if result.artifact else None
         self.entry.cache_hit = result.cache_hit
-        if executor is None:  # eager execution, artifact compiled for shipping
+        if kind == "eager":  # eager execution, artifact compiled for shipping
             self._use_eager(self.entry.executor_reason)
             return
-        if kind == "sim":
-            self._exec = executor  # takes every partition input, weights included
-            live = settings.sim_weights == "live"
-            # live: reads the weights on every call, never stale; checked: baked, compared
-            self._frozen = None if live else FrozenWeights(self.spec.frozen_positions, args)
-        else:
-            positions = self.spec.runtime_positions
-            self._exec = lambda a: executor([a[i] for i in positions])
-            self._frozen = FrozenWeights(self.spec.frozen_positions, args)
+        self._exec = executor
+        baked = how.baked_weights(settings)
+        self._frozen = FrozenWeights(self.spec.frozen_positions, args) if baked else None
         self._set_kind(kind)
 
 
@@ -198,7 +172,3 @@ def _has_zero_size(args: Sequence[torch.Tensor], output_shapes: Sequence) -> boo
     if any(isinstance(a, torch.Tensor) and a.numel() == 0 for a in args):
         return True
     return any(shape is not None and 0 in shape for shape in output_shapes)
-
-
-def result_outputs(runtime: PartitionRuntime) -> list[str]:
-    return runtime.spec.output_names
