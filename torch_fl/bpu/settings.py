@@ -34,48 +34,6 @@ def _default_cache_dir() -> str:
     return os.path.join(os.path.expanduser("~"), ".cache", "torch-fl", "bpu")
 
 
-@dataclass(frozen=True)
-class BpuSettings:
-    """Every knob of the backend. Frozen: a compiled graph keeps the settings it was built with."""
-
-    executor: str = "auto"
-    """`auto` (hbm on a board, else eager with one warning), `hbm`, `sim` (ORT int8) or `eager`."""
-    quantize: bool = True
-    """Insert int8 Q/DQ; False produces float artifacts (which hbdk4 lowers to the CPU)."""
-    act_scale: float = 0.05
-    """Activation scale used where no calibration data exists."""
-    calibration: Any = None
-    """A `Calibration` object or a path to its JSON, applied to every partition."""
-    calibrate: str = "none"
-    """`first-call`: calibrate each partition on the inputs of its first real call."""
-    calib_method: str = "max"
-    calib_percentile: float = 99.99
-    march: str = "nash-e"
-    cache_dir: str = field(default_factory=_default_cache_dir)
-    cache: bool = True
-    strict: bool = False
-    """Raise for any compute node or partition not offloaded (hbm or an explicit sim)."""
-    min_partition_ops: int = 1
-    """Partitions with fewer compute ops stay on the CPU (submission overhead dominates)."""
-    on_stale: str = "recompile"
-    """What to do when frozen weights changed in place: rebuild the partition or run eager."""
-    report: str = "none"
-    driver: str = "auto"
-    compile_artifact: str = "auto"
-    """Whether to run hbdk4: `auto` = when the executor is hbm; `always` (x86 host pre-compile)."""
-    compile_timeout: float = 3600.0
-    opt_level: int = 2
-    sim_threads: int = 0
-    """ONNX Runtime intra-op threads for the sim executor; 0 = ORT's default."""
-    sim_weights: str = "live"
-    """`live`: the sim graph reads the weights as inputs every call (never stale by construction;
-    ORT cannot pre-pack them). `checked`: weights baked in like an artifact, every byte compared
-    before each call and the partition rebuilt (on_stale) when any changed."""
-
-    def replace(self, **changes: Any) -> BpuSettings:
-        return dataclasses.replace(self, **changes)
-
-
 def max_sim_threads() -> int:
     """The most ORT threads a sim executor may ask for: 4 per CPU this process may run on.
 
@@ -186,62 +144,199 @@ def _calibration(value: Any) -> Any:
         raise ValueError(f"{path} is not a calibration file ({exc})") from None
 
 
-# field -> (parser, environment variable or None, allowed values for the error message)
-_FIELDS: dict[str, tuple[Callable[[Any], Any], str | None, str]] = {
-    "executor": (_choice(EXECUTORS), "FLAGOS_BPU_EXECUTOR", "|".join(EXECUTORS)),
-    "quantize": (_parse_bool, "FLAGOS_BPU_QUANTIZE", "bool"),
-    "act_scale": (_float_in(1e-6, 1e6), "FLAGOS_BPU_ACT_SCALE", "a number in [1e-6, 1e6]"),
-    "calibration": (_calibration, None, "a Calibration or the path of its JSON file"),
-    "calibrate": (_choice(CALIBRATE_MODES), "FLAGOS_BPU_CALIBRATE", "|".join(CALIBRATE_MODES)),
-    "calib_method": (_choice(CALIB_METHODS), None, "|".join(CALIB_METHODS)),
-    "calib_percentile": (_float_in(50.0, 100.0, low_open=True), None, "a number in (50, 100]"),
-    "march": (_choice(MARCHES), "FLAGOS_BPU_MARCH", "|".join(MARCHES)),
-    "cache_dir": (_path, "FLAGOS_BPU_CACHE", "a directory path (str or os.PathLike)"),
-    "cache": (_parse_bool, None, "bool"),
-    "strict": (_parse_bool, "FLAGOS_BPU_STRICT", "bool"),
-    "min_partition_ops": (_int_in(0, 1_000_000), None, "an integer in [0, 1000000]"),
-    "on_stale": (_choice(ON_STALE), None, "|".join(ON_STALE)),
-    "report": (_report, "FLAGOS_BPU_REPORT", "|".join(REPORT_FORMATS) + " | bool"),
-    "driver": (_choice(DRIVERS), "FLAGOS_BPU_DRIVER", "|".join(DRIVERS)),
-    "compile_artifact": (
-        _choice(COMPILE_ARTIFACT),
-        "FLAGOS_BPU_COMPILE_ARTIFACT",
-        "|".join(COMPILE_ARTIFACT),
-    ),
-    "compile_timeout": (
-        _float_in(0.0, 7 * 86400.0, low_open=True),
-        "FLAGOS_BPU_COMPILE_TIMEOUT",
-        "seconds in (0, 604800]",
-    ),
-    "opt_level": (_int_in(0, 2), None, "0|1|2"),
-    "sim_weights": (_choice(SIM_WEIGHTS), "FLAGOS_BPU_SIM_WEIGHTS", "|".join(SIM_WEIGHTS)),
-    "sim_threads": (
-        _int_in(0, max_sim_threads),
-        "FLAGOS_BPU_SIM_THREADS",
-        "an integer in [0, 4 x CPUs] (0 = ORT's default)",
-    ),
-}
+@dataclass(frozen=True)
+class Option:
+    """What one settings field accepts: its parser, its environment variable, its doc."""
 
-ENV_VARS: dict[str, str] = {env: name for name, (_, env, _) in _FIELDS.items() if env}
+    parse: Callable[[Any], Any]
+    allowed: str
+    """The accepted values, as an error message names them."""
+    doc: str
+    env: str | None = None
+    """The `FLAGOS_BPU_*` variable (or env file key) that sets it; None: option only."""
+
+
+def _option(
+    default: Any,
+    parse: Callable[[Any], Any],
+    allowed: str,
+    doc: str,
+    env: str | None = None,
+    factory: Callable[[], Any] | None = None,
+) -> Any:
+    meta = {"option": Option(parse, allowed, doc, env)}
+    if factory is not None:
+        return field(default_factory=factory, metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+@dataclass(frozen=True)
+class BpuSettings:
+    """Every knob of the backend. Frozen: a compiled graph keeps the settings it was built with.
+
+    Each field carries its parser, environment variable and doc (`option(name)`); docs/compile.md
+    and docs/env-vars.md list them, and tests/compile/test_settings_docs.py keeps the tables true.
+    """
+
+    executor: str = _option(
+        "auto",
+        _choice(EXECUTORS),
+        "|".join(EXECUTORS),
+        "`auto` (hbm on a board, else eager with one warning), `hbm`, `sim` (ORT int8) or `eager`.",
+        "FLAGOS_BPU_EXECUTOR",
+    )
+    quantize: bool = _option(
+        True,
+        _parse_bool,
+        "bool",
+        "Insert int8 Q/DQ; False produces float artifacts (which hbdk4 lowers to the CPU).",
+        "FLAGOS_BPU_QUANTIZE",
+    )
+    act_scale: float = _option(
+        0.05,
+        _float_in(1e-6, 1e6),
+        "a number in [1e-6, 1e6]",
+        "Activation scale used where no calibration data exists.",
+        "FLAGOS_BPU_ACT_SCALE",
+    )
+    calibration: Any = _option(
+        None,
+        _calibration,
+        "a Calibration or the path of its JSON file",
+        "A `Calibration` object or a path to its JSON, applied to every partition.",
+    )
+    calibrate: str = _option(
+        "none",
+        _choice(CALIBRATE_MODES),
+        "|".join(CALIBRATE_MODES),
+        "`first-call`: calibrate each partition on the inputs of its first real call.",
+        "FLAGOS_BPU_CALIBRATE",
+    )
+    calib_method: str = _option(
+        "max",
+        _choice(CALIB_METHODS),
+        "|".join(CALIB_METHODS),
+        "How `first-call` calibration turns activation ranges into scales.",
+    )
+    calib_percentile: float = _option(
+        99.99,
+        _float_in(50.0, 100.0, low_open=True),
+        "a number in (50, 100]",
+        "The percentile of |activation| the `percentile` method keeps.",
+    )
+    march: str = _option(
+        "nash-e",
+        _choice(MARCHES),
+        "|".join(MARCHES),
+        "The BPU micro-architecture artifacts are compiled for.",
+        "FLAGOS_BPU_MARCH",
+    )
+    cache_dir: str = _option(
+        None,
+        _path,
+        "a directory path (str or os.PathLike)",
+        "The artifact cache directory (made absolute when resolved).",
+        "FLAGOS_BPU_CACHE",
+        factory=_default_cache_dir,
+    )
+    cache: bool = _option(True, _parse_bool, "bool", "Use the on-disk artifact cache.")
+    strict: bool = _option(
+        False,
+        _parse_bool,
+        "bool",
+        "Raise for any compute node or partition not offloaded (hbm or an explicit sim).",
+        "FLAGOS_BPU_STRICT",
+    )
+    min_partition_ops: int = _option(
+        1,
+        _int_in(0, 1_000_000),
+        "an integer in [0, 1000000]",
+        "Partitions with fewer compute ops stay on the CPU (submission overhead dominates).",
+    )
+    on_stale: str = _option(
+        "recompile",
+        _choice(ON_STALE),
+        "|".join(ON_STALE),
+        "What to do when frozen weights changed in place: rebuild the partition or run eager.",
+    )
+    report: str = _option(
+        "none",
+        _report,
+        "|".join(REPORT_FORMATS) + " | bool",
+        "Print the coverage report (table or JSON) to stderr when a graph compiles.",
+        "FLAGOS_BPU_REPORT",
+    )
+    driver: str = _option(
+        "auto",
+        _choice(DRIVERS),
+        "|".join(DRIVERS),
+        "Which hbdk4 compiler driver to use: found automatically, or forced.",
+        "FLAGOS_BPU_DRIVER",
+    )
+    compile_artifact: str = _option(
+        "auto",
+        _choice(COMPILE_ARTIFACT),
+        "|".join(COMPILE_ARTIFACT),
+        "Whether to run hbdk4: `auto` = when the executor is hbm; `always` (x86 host pre-compile).",
+        "FLAGOS_BPU_COMPILE_ARTIFACT",
+    )
+    compile_timeout: float = _option(
+        3600.0,
+        _float_in(0.0, 7 * 86400.0, low_open=True),
+        "seconds in (0, 604800]",
+        "Seconds one hbdk4 run may take before it is killed.",
+        "FLAGOS_BPU_COMPILE_TIMEOUT",
+    )
+    opt_level: int = _option(2, _int_in(0, 2), "0|1|2", "hbdk4's optimisation level (`opt`).")
+    sim_threads: int = _option(
+        0,
+        _int_in(0, max_sim_threads),
+        "an integer in [0, 4 x CPUs] (0 = ORT's default)",
+        "ONNX Runtime intra-op threads for the sim executor; 0 = ORT's default.",
+        "FLAGOS_BPU_SIM_THREADS",
+    )
+    sim_weights: str = _option(
+        "live",
+        _choice(SIM_WEIGHTS),
+        "|".join(SIM_WEIGHTS),
+        "`live`: the sim graph reads the weights as inputs every call (never stale by "
+        "construction; ORT cannot pre-pack them). `checked`: weights baked in like an artifact, "
+        "every byte compared before each call and the partition rebuilt (on_stale) when any "
+        "changed.",
+        "FLAGOS_BPU_SIM_WEIGHTS",
+    )
+
+    def replace(self, **changes: Any) -> BpuSettings:
+        return dataclasses.replace(self, **changes)
+
+
+def option(name: str) -> Option:
+    """The parser, environment variable and doc of the settings field `name`."""
+    return _FIELDS[name]
+
+
+_FIELDS: dict[str, Option] = {f.name: f.metadata["option"] for f in dataclasses.fields(BpuSettings)}
+
+ENV_VARS: dict[str, str] = {o.env: name for name, o in _FIELDS.items() if o.env}
 
 
 def valid_options() -> str:
     """One line per option: name, accepted values, environment variable."""
     lines = []
-    for name, (_, env, allowed) in _FIELDS.items():
-        lines.append(f"  {name}: {allowed}" + (f"  (env {env})" if env else ""))
+    for name, o in _FIELDS.items():
+        lines.append(f"  {name}: {o.allowed}" + (f"  (env {o.env})" if o.env else ""))
     return "\n".join(lines)
 
 
 def _allowed(name: str) -> str:
-    allowed = _FIELDS[name][2]
+    allowed = _FIELDS[name].allowed
     if name == "sim_threads":
         allowed = f"an integer in [0, {max_sim_threads()}] (0 = ORT's default; 4 x CPUs)"
     return allowed
 
 
 def _parse(name: str, value: Any, source: str) -> Any:
-    parser = _FIELDS[name][0]
+    parser = _FIELDS[name].parse
     try:
         return parser(value)
     except (TypeError, ValueError, OverflowError) as exc:
@@ -275,7 +370,8 @@ def resolve(options: Mapping[str, Any] | None = None) -> BpuSettings:
             f"{valid_options()}"
         )
     values: dict[str, Any] = {}
-    for name, (_, env, _) in _FIELDS.items():
+    for name, o in _FIELDS.items():
+        env = o.env
         if name in options:
             values[name] = _parse(name, options[name], "options")
         elif env is not None:
