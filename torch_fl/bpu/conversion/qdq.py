@@ -115,109 +115,119 @@ def bias_safe_scales(
     return scales
 
 
-def quantize_model(
-    model: onnx.ModelProto, act_scales: Mapping[str, float], default_scale: float
-) -> onnx.ModelProto:
-    """Return a Q/DQ copy of `model` (float ONNX from `export_onnx`)."""
-    act_scales = bias_safe_scales(model, act_scales, default_scale)
-    model_q = onnx.ModelProto()
-    model_q.CopyFrom(model)
-    graph = model_q.graph
-    inits = {i.name: i for i in graph.initializer}
-    init_users: dict[str, int] = {}
-    for node in graph.node:
-        for name in node.input:
-            if name in inits:
-                init_users[name] = init_users.get(name, 0) + 1
+class _QdqGraph:
+    """The new nodes and initializers of one Q/DQ pass, and the bookkeeping between them."""
 
-    new_nodes: list[onnx.NodeProto] = []
-    new_inits: list[TensorProto] = []
-    dq_of: dict[str, str] = {}  # activation tensor -> its dequantized name
-    remove: set[str] = set()
+    def __init__(
+        self, graph: onnx.GraphProto, act_scales: Mapping[str, float], default_scale: float
+    ) -> None:
+        self.act_scales = act_scales
+        self.default_scale = default_scale
+        self.inits = {i.name: i for i in graph.initializer}
+        self.init_users: dict[str, int] = {}
+        for node in graph.node:
+            for name in node.input:
+                if name in self.inits:
+                    self.init_users[name] = self.init_users.get(name, 0) + 1
+        self.nodes: list[onnx.NodeProto] = []
+        self.new_inits: list[TensorProto] = []
+        self.dq_of: dict[str, str] = {}  # activation tensor -> its dequantized name
+        self.remove: set[str] = set()
 
-    def scalar(name: str, value, dtype) -> None:
-        new_inits.append(numpy_helper.from_array(np.array(value, dtype=dtype), name))
+    def scalar(self, name: str, value, dtype) -> None:
+        self.new_inits.append(numpy_helper.from_array(np.array(value, dtype=dtype), name))
 
-    def act_dq(name: str) -> str:
-        if name not in dq_of:
-            scale = float(act_scales.get(name, default_scale))
+    def _release(self, name: str) -> None:
+        """One reader of initializer `name` now reads its quantized copy."""
+        self.init_users[name] -= 1
+        if self.init_users[name] == 0:
+            self.remove.add(name)
+
+    def act_dq(self, name: str) -> str:
+        """The dequantized name of activation `name` (one Q/DQ pair per tensor)."""
+        if name not in self.dq_of:
+            scale = float(self.act_scales.get(name, self.default_scale))
             if not scale > 0 or not np.isfinite(scale):
                 raise QuantizationError(f"activation scale for {name!r} is {scale}; need > 0")
-            scalar(f"{name}_scale", scale, np.float32)
-            scalar(f"{name}_zero_point", 0, np.int8)
+            self.scalar(f"{name}_scale", scale, np.float32)
+            self.scalar(f"{name}_zero_point", 0, np.int8)
             q, dq = f"{name}_quantized", f"{name}_dequantized"
             args = [f"{name}_scale", f"{name}_zero_point"]
-            new_nodes.append(helper.make_node("QuantizeLinear", [name, *args], [q], f"{name}_Q"))
-            new_nodes.append(helper.make_node("DequantizeLinear", [q, *args], [dq], f"{name}_DQ"))
-            dq_of[name] = dq
-        return dq_of[name]
+            self.nodes.append(helper.make_node("QuantizeLinear", [name, *args], [q], f"{name}_Q"))
+            self.nodes.append(helper.make_node("DequantizeLinear", [q, *args], [dq], f"{name}_DQ"))
+            self.dq_of[name] = dq
+        return self.dq_of[name]
 
-    for node in graph.node:
+    def weight_dq(self, node: onnx.NodeProto, wname: str) -> tuple[str, np.ndarray]:
+        """Int8 per-channel (or per-tensor) copy of weight `wname`: (dequantized name, scales)."""
+        weight = numpy_helper.to_array(self.inits[wname]).astype(np.float32)
+        axis = _weight_axis(node, weight)
+        if axis is None:
+            q = weight.reshape(1, -1)
+            qw, scales = quantize_weight(q, 0)
+            qw, scales = qw.reshape(weight.shape), scales.reshape(())
+        else:
+            qw, scales = quantize_weight(weight, axis)
+        base = f"{node.name or wname}_{wname}"
+        self.new_inits.append(numpy_helper.from_array(qw, f"{base}_quantized"))
+        self.scalar(f"{base}_scale", scales, np.float32)
+        self.scalar(f"{base}_zero_point", np.zeros(scales.shape, np.int8), np.int8)
+        dq_args = [f"{base}_quantized", f"{base}_scale", f"{base}_zero_point"]
+        axis_attr = {"axis": axis} if scales.ndim else {}
+        self.nodes.append(
+            helper.make_node(
+                "DequantizeLinear", dq_args, [f"{base}_dequantized"], f"{base}_DQ", **axis_attr
+            )
+        )
+        self._release(wname)
+        return f"{base}_dequantized", scales
+
+    def bias_dq(self, node: onnx.NodeProto, bname: str, scales: np.ndarray) -> str | None:
+        """Int32 bias at activation scale x weight scale_c; None when its shape does not fit."""
+        bias = numpy_helper.to_array(self.inits[bname]).astype(np.float64)
+        if bias.shape != scales.shape:
+            return None
+        act_scale = float(self.act_scales.get(node.input[0], self.default_scale))
+        bscale = (scales.astype(np.float64) * act_scale).astype(np.float32)
+        # clipped, never wrapped (bias_safe_scales makes the clip a no-op)
+        qb = np.clip(np.rint(bias / bscale), -BIAS_QMAX, BIAS_QMAX).astype(np.int32)
+        bbase = f"{node.name or bname}_{bname}"
+        self.new_inits.append(numpy_helper.from_array(qb, f"{bbase}_quantized"))
+        self.scalar(f"{bbase}_scale", bscale, np.float32)
+        self.scalar(f"{bbase}_zero_point", np.zeros(bscale.shape, np.int32), np.int32)
+        self.nodes.append(
+            helper.make_node(
+                "DequantizeLinear",
+                [f"{bbase}_quantized", f"{bbase}_scale", f"{bbase}_zero_point"],
+                [f"{bbase}_dequantized"],
+                f"{bbase}_DQ",
+                axis=0,
+            )
+        )
+        self._release(bname)
+        return f"{bbase}_dequantized"
+
+    def rewrite(self, node: onnx.NodeProto) -> None:
+        """Append `node`, its quantizable inputs read through Q/DQ, after their DQ nodes."""
         if node.op_type not in QUANT_OPS:
-            new_nodes.append(node)
-            continue
-        acts = _act_inputs(node, set(inits))
+            self.nodes.append(node)
+            return
+        acts = _act_inputs(node, set(self.inits))
         inputs = list(node.input)
         for i, name in enumerate(inputs):
             if name in acts:
-                inputs[i] = act_dq(name)
+                inputs[i] = self.act_dq(name)
         widx = WEIGHT_OPS.get(node.op_type)
-        if widx is not None and inputs[widx] in inits:
-            wname = inputs[widx]
-            weight = numpy_helper.to_array(inits[wname]).astype(np.float32)
-            axis = _weight_axis(node, weight)
-            if axis is None:
-                q = weight.reshape(1, -1)
-                qw, scales = quantize_weight(q, 0)
-                qw, scales = qw.reshape(weight.shape), scales.reshape(())
-            else:
-                qw, scales = quantize_weight(weight, axis)
-            base = f"{node.name or wname}_{wname}"
-            new_inits.append(numpy_helper.from_array(qw, f"{base}_quantized"))
-            scalar(f"{base}_scale", scales, np.float32)
-            scalar(f"{base}_zero_point", np.zeros(scales.shape, np.int8), np.int8)
-            dq_args = [f"{base}_quantized", f"{base}_scale", f"{base}_zero_point"]
-            axis_attr = {"axis": axis} if scales.ndim else {}
-            new_nodes.append(
-                helper.make_node(
-                    "DequantizeLinear", dq_args, [f"{base}_dequantized"], f"{base}_DQ", **axis_attr
-                )
-            )
-            inputs[widx] = f"{base}_dequantized"
-            init_users[wname] -= 1
-            if init_users[wname] == 0:
-                remove.add(wname)
+        if widx is not None and inputs[widx] in self.inits:
+            inputs[widx], scales = self.weight_dq(node, inputs[widx])
             bidx = 2
             if (
                 len(inputs) > bidx
-                and inputs[bidx] in inits
+                and inputs[bidx] in self.inits
                 and scales.ndim == 1
-                and node.input[0] in dq_of
+                and node.input[0] in self.dq_of
             ):
-                bname = inputs[bidx]
-                bias = numpy_helper.to_array(inits[bname]).astype(np.float64)
-                if bias.shape == scales.shape:
-                    act_scale = float(act_scales.get(node.input[0], default_scale))
-                    bscale = (scales.astype(np.float64) * act_scale).astype(np.float32)
-                    # clipped, never wrapped (bias_safe_scales makes the clip a no-op)
-                    qb = np.clip(np.rint(bias / bscale), -BIAS_QMAX, BIAS_QMAX).astype(np.int32)
-                    bbase = f"{node.name or bname}_{bname}"
-                    new_inits.append(numpy_helper.from_array(qb, f"{bbase}_quantized"))
-                    scalar(f"{bbase}_scale", bscale, np.float32)
-                    scalar(f"{bbase}_zero_point", np.zeros(bscale.shape, np.int32), np.int32)
-                    new_nodes.append(
-                        helper.make_node(
-                            "DequantizeLinear",
-                            [f"{bbase}_quantized", f"{bbase}_scale", f"{bbase}_zero_point"],
-                            [f"{bbase}_dequantized"],
-                            f"{bbase}_DQ",
-                            axis=0,
-                        )
-                    )
-                    inputs[bidx] = f"{bbase}_dequantized"
-                    init_users[bname] -= 1
-                    if init_users[bname] == 0:
-                        remove.add(bname)
+                inputs[bidx] = self.bias_dq(node, inputs[bidx], scales) or inputs[bidx]
         elif widx is not None and node.op_type == "Conv":
             raise QuantizationError(
                 f"Conv {node.name!r}: weight {inputs[widx]!r} is not a constant, so it cannot be "
@@ -226,13 +236,25 @@ def quantize_model(
             )
         del node.input[:]
         node.input.extend(inputs)
-        new_nodes.append(node)
+        self.nodes.append(node)
 
+
+def quantize_model(
+    model: onnx.ModelProto, act_scales: Mapping[str, float], default_scale: float
+) -> onnx.ModelProto:
+    """Return a Q/DQ copy of `model` (float ONNX from `export_onnx`)."""
+    act_scales = bias_safe_scales(model, act_scales, default_scale)
+    model_q = onnx.ModelProto()
+    model_q.CopyFrom(model)
+    graph = model_q.graph
+    qdq = _QdqGraph(graph, act_scales, default_scale)
+    for node in graph.node:
+        qdq.rewrite(node)
     del graph.node[:]
-    graph.node.extend(new_nodes)
-    kept = [i for i in graph.initializer if i.name not in remove]
+    graph.node.extend(qdq.nodes)
+    kept = [i for i in graph.initializer if i.name not in qdq.remove]
     del graph.initializer[:]
-    graph.initializer.extend(kept + new_inits)
+    graph.initializer.extend(kept + qdq.new_inits)
     verify_quantized(model_q)
     return model_q
 
