@@ -150,7 +150,11 @@ def build(
     need_hbm: bool,
     compile_artifact: bool,
 ) -> BuildResult:
-    """Produce (or find) the artifact for `spec` with the weights in `args`."""
+    """Produce (or find) the artifact for `spec` with the weights in `args`.
+
+    Stages: probe the compiler and key the graph; look the key up in the cache; convert (export,
+    Q/DQ, live-weights graph); compile and store.
+    """
     timings: dict[str, float] = {}
     start = time.perf_counter()
     info: CompilerInfo | None = (
@@ -163,16 +167,8 @@ def build(
     timings["graph_key_s"] = time.perf_counter() - start
 
     if cache is not None:
-        index = cache.index_lookup(gkey)
-        candidates = [index[compiler_id]] if compiler_id in index else []
-        if need_hbm and not want_compile:
-            # On a board without a compiler: any compiler's artifact for this march will do
-            # (that is how a cache compiled on an x86 host is used).
-            candidates += [k for c, k in sorted(index.items()) if c != "none"]
-        for key in candidates:
-            art = _owned_artifact(cache, key, gkey, need_hbm)
-            if art is None:
-                continue
+        art = _cached(cache, gkey, compiler_id, need_hbm, want_compile)
+        if art is not None:
             timings["total_s"] = time.perf_counter() - start
             hbm = art.file("model.hbm")
             return BuildResult(
@@ -188,6 +184,50 @@ def build(
                 str(hbm) if hbm else None,
             )
 
+    onnx_bytes, live_bytes = _convert(spec, args, settings, scales, timings)
+    if need_hbm and not want_compile:
+        raise CompileError(
+            f"partition {spec.index}: no cached .hbm artifact and no hbdk4 compiler "
+            f"({info.detail if info else 'not probed'}). Fix: compile on an x86_64 host "
+            "(`invoke compile-host`) and `invoke ship-cache`, or provision the emulated compiler"
+        )
+    job = _ArtifactJob(
+        spec, settings, info, compiler_id, gkey, onnx_bytes, live_bytes, want_compile, timings
+    )
+    art, hbm_path = _store(cache, job)
+    timings["total_s"] = time.perf_counter() - start
+    result = BuildResult(
+        art, onnx_bytes, live_bytes, gkey, False, True, job.compiled, compiler_id, timings, hbm_path
+    )
+    result.temporary = art is None and hbm_path is not None
+    return result
+
+
+def _cached(
+    cache: ArtifactCache, gkey: str, compiler_id: str, need_hbm: bool, want_compile: bool
+) -> Artifact | None:
+    """The cached artifact of graph `gkey` this build may use, if any."""
+    index = cache.index_lookup(gkey)
+    candidates = [index[compiler_id]] if compiler_id in index else []
+    if need_hbm and not want_compile:
+        # On a board without a compiler: any compiler's artifact for this march will do
+        # (that is how a cache compiled on an x86 host is used).
+        candidates += [k for c, k in sorted(index.items()) if c != "none"]
+    for key in candidates:
+        art = _owned_artifact(cache, key, gkey, need_hbm)
+        if art is not None:
+            return art
+    return None
+
+
+def _convert(
+    spec: PartitionSpec,
+    args: Sequence[torch.Tensor],
+    settings: BpuSettings,
+    scales: dict[str, float] | None,
+    timings: dict[str, float],
+) -> tuple[bytes, bytes]:
+    """The canonical bytes of the (quantized) ONNX model and of its live-weights graph."""
     t0 = time.perf_counter()
     weight_graph = export_weight_graph(spec, args)
     baked = live_weights.bake(weight_graph, weight_values(spec, args))
@@ -201,62 +241,77 @@ def build(
     # the live graph quantizes its bias with the same (bias-safe) activation scales
     live_scales = bias_safe_scales(baked, scales or {}, settings.act_scale)
     live = live_weights.make_live(weight_graph, baked, model, live_scales, settings.act_scale)
-    live_bytes = canonical_bytes(live)
-    if need_hbm and not want_compile:
-        raise CompileError(
-            f"partition {spec.index}: no cached .hbm artifact and no hbdk4 compiler "
-            f"({info.detail if info else 'not probed'}). Fix: compile on an x86_64 host "
-            "(`invoke compile-host`) and `invoke ship-cache`, or provision the emulated compiler"
-        )
-    onnx_sha256 = hashlib.sha256(onnx_bytes).hexdigest()
-    key = artifact_key(onnx_sha256, settings.march, compiler_id, PIPELINE_VERSION, gkey)
-    compiled = False
+    return onnx_bytes, canonical_bytes(live)
 
-    def make() -> tuple[dict[str, bytes], dict]:
-        nonlocal compiled
-        files = {"model.onnx": onnx_bytes, LIVE_MODEL: live_bytes}
+
+@dataclass
+class _ArtifactJob:
+    """One artifact to write: its models, its manifest metadata, and whether to run hbdk4."""
+
+    spec: PartitionSpec
+    settings: BpuSettings
+    info: CompilerInfo | None
+    compiler_id: str
+    gkey: str
+    onnx_bytes: bytes
+    live_bytes: bytes
+    want_compile: bool
+    timings: dict[str, float]
+    compiled: bool = False
+    onnx_sha256: str = field(init=False)
+    key: str = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.onnx_sha256 = hashlib.sha256(self.onnx_bytes).hexdigest()
+        march, compiler_id = self.settings.march, self.compiler_id
+        self.key = artifact_key(self.onnx_sha256, march, compiler_id, PIPELINE_VERSION, self.gkey)
+
+    def make(self) -> tuple[dict[str, bytes], dict]:
+        """The artifact's files and metadata (runs hbdk4 when asked to)."""
+        settings = self.settings
+        files = {"model.onnx": self.onnx_bytes, LIVE_MODEL: self.live_bytes}
         meta = {
             "march": settings.march,
-            "compiler_id": compiler_id,
+            "compiler_id": self.compiler_id,
             "pipeline": PIPELINE_VERSION,
-            "graph_key": gkey,
-            "onnx_sha256": onnx_sha256,
-            "fingerprint": spec.fingerprint,
-            "input_names": list(spec.input_names),
-            "output_names": spec.output_names,
+            "graph_key": self.gkey,
+            "onnx_sha256": self.onnx_sha256,
+            "fingerprint": self.spec.fingerprint,
+            "input_names": list(self.spec.input_names),
+            "output_names": self.spec.output_names,
             "quantized": settings.quantize,
         }
-        if want_compile:
+        if self.want_compile:
             t1 = time.perf_counter()
             hbm, result = compile_onnx(
-                onnx_bytes, info, settings.march, settings.opt_level, settings.compile_timeout
+                self.onnx_bytes,
+                self.info,
+                settings.march,
+                settings.opt_level,
+                settings.compile_timeout,
             )
-            timings["compile_s"] = time.perf_counter() - t1
+            self.timings["compile_s"] = time.perf_counter() - t1
             files["model.hbm"] = hbm
             meta["compiler_result"] = {k: v for k, v in result.items() if k != "traceback"}
-            compiled = True
+            self.compiled = True
         return files, meta
 
+
+def _store(cache: ArtifactCache | None, job: _ArtifactJob) -> tuple[Artifact | None, str | None]:
+    """Build the artifact into the cache (or, without one, the .hbm into a temporary dir)."""
     if cache is not None:
-        art, _ = cache.get_or_build(key, make)
-        cache.index_record(gkey, compiler_id, key)
+        art, _ = cache.get_or_build(job.key, job.make)
+        cache.index_record(job.gkey, job.compiler_id, job.key)
         hbm = art.file("model.hbm")
-        hbm_path = str(hbm) if hbm else None
-    else:
-        files, _meta = make()
-        art, hbm_path = None, None
-        if "model.hbm" in files:
-            # The executor loads it at construction and the caller removes the directory then
-            # (BuildResult.temporary), so uncached builds leave nothing behind.
-            tmp = Path(tempfile.mkdtemp(prefix="torch-fl-bpu-")) / "model.hbm"
-            tmp.write_bytes(files["model.hbm"])
-            hbm_path = str(tmp)
-    timings["total_s"] = time.perf_counter() - start
-    result = BuildResult(
-        art, onnx_bytes, live_bytes, gkey, False, True, compiled, compiler_id, timings, hbm_path
-    )
-    result.temporary = art is None and hbm_path is not None
-    return result
+        return art, str(hbm) if hbm else None
+    files, _meta = job.make()
+    if "model.hbm" not in files:
+        return None, None
+    # The executor loads it at construction and the caller removes the directory then
+    # (BuildResult.temporary), so uncached builds leave nothing behind.
+    tmp = Path(tempfile.mkdtemp(prefix="torch-fl-bpu-")) / "model.hbm"
+    tmp.write_bytes(files["model.hbm"])
+    return None, str(tmp)
 
 
 REQUIRED_FILES = ("model.onnx", LIVE_MODEL)
