@@ -37,6 +37,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from torch_fl import atomic
 from torch_fl.bpu.errors import CacheError
 
 MANIFEST = "manifest.json"
@@ -116,21 +117,6 @@ def _sha256_file(path: Path) -> str:
         for block in iter(lambda: fh.read(1 << 20), b""):
             h.update(block)
     return h.hexdigest()
-
-
-def _atomic_write(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
 
 
 @dataclass(frozen=True)
@@ -289,7 +275,7 @@ class ArtifactCache:
                 data = self.index_lookup(graph_key)
             data[compiler_id] = key
             with writing(self.root, "write the index"):
-                _atomic_write(
+                atomic.write_bytes(
                     self.root / "index" / f"{graph_key}.json",
                     json.dumps(data, sort_keys=True).encode(),
                 )

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -18,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 
+from torch_fl import atomic
 from torch_fl.bpu.conversion.qdq import QMAX, activation_inputs
 from torch_fl.bpu.errors import CalibrationError
 
@@ -56,12 +56,7 @@ class Calibration:
 
     def save(self, path: str | os.PathLike) -> None:
         """Atomic write: a reader never sees half a file."""
-        target = Path(path)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(self.to_json())
-        os.replace(tmp, target)
+        atomic.write_text(path, self.to_json())
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> Calibration:
