@@ -187,6 +187,49 @@ def _rank(node: fx.Node) -> int | None:
     return val.dim() if isinstance(val, torch.Tensor) else None
 
 
+def _prelu_to_relu(graph: fx.Graph, node: fx.Node) -> None:
+    # x if x > 0 else w * x  ==  relu(x) + w * min(x, 0), exactly (the other term is 0)
+    x, weight = node.args
+    xval = x.meta.get("val") if isinstance(x, fx.Node) else None
+    with graph.inserting_before(node):
+        pos = graph.call_function(aten.relu.default, (x,))
+        neg = graph.call_function(aten.clamp_max.default, (x, 0.0))
+        scaled = graph.call_function(aten.mul.Tensor, (neg, weight))
+    pos.meta["val"] = neg.meta["val"] = xval
+    scaled.meta["val"] = node.meta.get("val")
+    node.target = aten.add.Tensor
+    node.args = (pos, scaled)
+
+
+def _drop_same_shape_copy(graph: fx.Graph, node: fx.Node) -> bool:
+    # functional copy(dst, src): the value is src (in dst's shape and dtype)
+    dst, src = _static_val(node.args[0]), _static_val(node.args[1])
+    if (
+        dst is not None
+        and src is not None
+        and dst.shape == src.shape
+        and dst.dtype == src.dtype
+        and not node.kwargs.get("non_blocking")
+    ):
+        node.replace_all_uses_with(node.args[1])
+        graph.erase_node(node)
+        return True
+    return False
+
+
+def _to_copy_to_cast(node: fx.Node) -> bool:
+    # the exporter has no symbolic for _to_copy; `to` with only a dtype is the same cast
+    dtype = node.kwargs.get("dtype")
+    val = node.meta.get("val")
+    same_place = isinstance(val, torch.Tensor) and node.kwargs.get("device") in (None, val.device)
+    if dtype is not None and same_place and node.kwargs.get("layout") in (None, torch.strided):
+        node.target = aten.to.dtype
+        node.args = (node.args[0], dtype)
+        node.kwargs = {}
+        return True
+    return False
+
+
 def _rewrite(graph: fx.Graph, node: fx.Node) -> str | None:
     """Rewrite one node in place; return the rewrite's name or None."""
     target = node.target
@@ -204,17 +247,7 @@ def _rewrite(graph: fx.Graph, node: fx.Node) -> str | None:
         if _replace_tuple_op(graph, node, aten.group_norm.default, (x, groups, w, b, eps, False)):
             return "group_norm"
     elif target is aten._prelu_kernel.default:
-        # x if x > 0 else w * x  ==  relu(x) + w * min(x, 0), exactly (the other term is 0)
-        x, weight = node.args
-        xval = x.meta.get("val") if isinstance(x, fx.Node) else None
-        with graph.inserting_before(node):
-            pos = graph.call_function(aten.relu.default, (x,))
-            neg = graph.call_function(aten.clamp_max.default, (x, 0.0))
-            scaled = graph.call_function(aten.mul.Tensor, (neg, weight))
-        pos.meta["val"] = neg.meta["val"] = xval
-        scaled.meta["val"] = node.meta.get("val")
-        node.target = aten.add.Tensor
-        node.args = (pos, scaled)
+        _prelu_to_relu(graph, node)
         return "prelu"
     elif target is aten.max_pool2d_with_indices.default:
         if _replace_tuple_op(graph, node, aten.max_pool2d.default, tuple(node.args)):
@@ -237,30 +270,10 @@ def _rewrite(graph: fx.Graph, node: fx.Node) -> str | None:
         if _slice_scatter_to_cat(graph, node):
             return "slice_scatter"
     elif target is aten.copy.default:
-        # functional copy(dst, src): the value is src (in dst's shape and dtype)
-        dst, src = _static_val(node.args[0]), _static_val(node.args[1])
-        if (
-            dst is not None
-            and src is not None
-            and dst.shape == src.shape
-            and dst.dtype == src.dtype
-            and not node.kwargs.get("non_blocking")
-        ):
-            node.replace_all_uses_with(node.args[1])
-            graph.erase_node(node)
+        if _drop_same_shape_copy(graph, node):
             return "copy"
     elif target is aten._to_copy.default and set(node.kwargs) <= {"dtype", "layout", "device"}:
-        # the exporter has no symbolic for _to_copy; `to` with only a dtype is the same cast
-        dtype = node.kwargs.get("dtype")
-        val = node.meta.get("val")
-        same_place = isinstance(val, torch.Tensor) and node.kwargs.get("device") in (
-            None,
-            val.device,
-        )
-        if dtype is not None and same_place and node.kwargs.get("layout") in (None, torch.strided):
-            node.target = aten.to.dtype
-            node.args = (node.args[0], dtype)
-            node.kwargs = {}
+        if _to_copy_to_cast(node):
             return "cast"
     elif target is aten.unbind.int:
         if _unbind_to_selects(graph, node):
