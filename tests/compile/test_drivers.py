@@ -5,6 +5,7 @@ import os
 import stat
 import subprocess
 import sys
+import tempfile
 
 import onnx
 import pytest
@@ -152,3 +153,19 @@ def test_hbm_executor_end_to_end(x86, monkeypatch, request):
     with report.collect() as reps, torch.no_grad():
         again = compile_bpu(model, executor="hbm")(x)
     assert reps[0].runtimes[0].last_build.cache_hit and torch.equal(again, out)
+
+
+@pytest.mark.parametrize("executor", ["sim", "eager"])
+def test_uncached_artifact_leaves_no_temporary_dir(x86, monkeypatch, tmp_path, executor):
+    """compile_artifact='always' without a cache compiles an .hbm that sim and eager never read:
+    it must not stay behind in the temporary directory."""
+    x86(emulated=True)
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU()).eval()
+    x = torch.randn(1, 3, 8, 8)
+    with report.collect() as reps, torch.no_grad():
+        compile_bpu(model, executor=executor, compile_artifact="always", cache=False)(x)
+    assert reps[0].runtimes[0].last_build.compiled
+    assert not list(scratch.glob("torch-fl-bpu-*")), "uncached .hbm left behind"

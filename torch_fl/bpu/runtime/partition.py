@@ -23,7 +23,7 @@ from torch_fl.bpu.conversion.freezing import FrozenWeights
 from torch_fl.bpu.errors import StrictModeError
 from torch_fl.bpu.report import PartitionEntry
 from torch_fl.bpu.runtime.executors import EagerExecutor, Executor
-from torch_fl.bpu.runtime.registry import EXECUTORS
+from torch_fl.bpu.runtime.registry import EXECUTORS, make_executor
 from torch_fl.bpu.settings import BpuSettings
 
 log = logging.getLogger("torch_fl.bpu")
@@ -142,7 +142,7 @@ class PartitionRuntime(torch.nn.Module):
             result = builder.build(
                 self.spec, args, settings, self.scales, how.needs_hbm, compile_artifact
             )
-            executor = how.make(self.spec, settings, result)
+            executor = make_executor(how, self.spec, settings, result)
         except Exception as exc:
             if settings.strict or settings.executor != "auto":
                 if settings.strict:

@@ -50,12 +50,19 @@ def _make_sim(spec: PartitionSpec, settings: BpuSettings, result: BuildResult) -
 
 
 def _make_hbm(spec: PartitionSpec, settings: BpuSettings, result: BuildResult) -> Executor:
+    return HbmExecutor(result.hbm_path, spec.input_names, spec.output_names, spec.runtime_positions)
+
+
+def make_executor(
+    kind: ExecutorKind, spec: PartitionSpec, settings: BpuSettings, result: BuildResult
+) -> Executor:
+    """`kind.make`, then drop the build's uncached .hbm: whichever executor was made (hbm loads
+    it at construction; sim and eager with compile_artifact='always' never read it), and whether
+    or not making it failed, nothing is left in the temporary directory."""
     try:
-        return HbmExecutor(
-            result.hbm_path, spec.input_names, spec.output_names, spec.runtime_positions
-        )
+        return kind.make(spec, settings, result)
     finally:
-        if result.temporary:  # loaded (or failed): the uncached file is not needed
+        if result.temporary and result.hbm_path:
             shutil.rmtree(os.path.dirname(result.hbm_path), ignore_errors=True)
 
 
