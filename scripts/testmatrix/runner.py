@@ -573,26 +573,34 @@ def failed_last_time(summary_file: Path, matrix: Matrix) -> dict[str, list[str] 
         )
     try:
         summary = json.loads(summary_file.read_text(encoding="utf-8"))
-        lanes = summary["lanes"]
-    except (ValueError, KeyError, TypeError):
+        return _failed_lanes(summary["lanes"], matrix)
+    except (ValueError, KeyError, TypeError, AttributeError):
+        # Any shape other than the one run_matrix writes (a hand edit, a cut-short copy).
         raise UsageError(
             f"--rerun-failed: {summary_file} is not a matrix summary; run the matrix again"
         ) from None
+
+
+def _failed_lanes(lanes: list[dict[str, Any]], matrix: Matrix) -> dict[str, list[str] | None]:
+    if not isinstance(lanes, list):
+        raise TypeError("lanes is not a list")
     selection: dict[str, list[str] | None] = {}
     for lane in lanes:
         name = lane.get("name")
-        if name not in matrix.lanes or lane.get("status") == "not-run":
+        if not isinstance(name, str):
+            raise TypeError("a lane without a name")
+        if name not in matrix.lanes:
+            continue
+        if lane.get("status") == "not-run":
             continue
         bad = [p for p in lane.get("problems", []) if p.get("bucket") in BAD_BUCKETS]
         if not bad:
             continue
+        nodeids = [str(p["nodeid"]) for p in bad]
         whole = matrix.lanes[name].kind != "pytest" or any(
-            "::" not in p["nodeid"] and not p["nodeid"].endswith(".py") for p in bad
+            "::" not in n and not n.endswith(".py") for n in nodeids
         )
-        if whole:
-            selection[name] = None
-        else:
-            selection[name] = list(dict.fromkeys(p["nodeid"] for p in bad))
+        selection[name] = None if whole else list(dict.fromkeys(nodeids))
     return selection
 
 

@@ -356,3 +356,23 @@ def test_matrix_update_ignores_the_runners_own_error_records(tmp_path: Path) -> 
     assert len(errors) == 2  # the hung test and the lane timeout, both runner records
     # A lane timeout is an infra problem to fix, never a failure to declare as expected.
     assert read_junit(junit_dir) == []
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        '{"lanes": [1]}',
+        '{"lanes": "abc"}',
+        '{"lanes": [{"name": "u", "problems": 5}]}',
+        '{"lanes": [{"name": "u", "problems": [{"bucket": "failed"}]}]}',
+        '{"lanes": [{"name": ["u"]}]}',
+    ],
+)
+def test_rerun_failed_with_a_corrupt_summary_is_a_usage_error(tmp_path: Path, text: str) -> None:
+    root = _tree(
+        tmp_path, LANE.format(name="u", path="tests/u", timeout=60, extra=""), {"tests/u/t.py": ""}
+    )
+    (root / "out/matrix").mkdir(parents=True)
+    (root / "out/matrix/summary.json").write_text(text)
+    with pytest.raises(UsageError, match="is not a matrix summary"):
+        _run(root, rerun_failed=True)
