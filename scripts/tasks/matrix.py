@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[2]
         "lane": "only these lanes (repeatable, or a comma list); implies --matrix",
         "list": "validate matrix.yaml and show the plan (lanes, capabilities, expectations)",
         "platform": "force a profile (x86-ci, x86-dev, rdk-s100, rdk-s600, gpu-host): dry run",
-        "json": "also write the JSON summary to this file",
+        "json": "also write the JSON summary to this file (- for standard output)",
         "junit_dir": "junit XML per lane here (default out/matrix/junit)",
         "workers": "override every lane's pytest-xdist workers, an integer >= 1 (for measuring)",
         "require": "fail when this lane cannot run on this machine (repeatable, or a comma list)",

@@ -26,7 +26,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lane", action="append", help="lane(s) to run; repeat or comma list")
     parser.add_argument("--list", action="store_true", help="show the plan, run nothing")
     parser.add_argument("--platform", help="force a named capability profile (dry run)")
-    parser.add_argument("--json", type=Path, help="write the JSON summary here")
+    parser.add_argument("--json", type=Path, help="write the JSON summary here (- for stdout)")
     parser.add_argument("--junit-dir", type=Path, help="junit XML per lane (out/matrix/junit)")
     parser.add_argument("--out-dir", type=Path, help="logs and results (ROOT/out/matrix)")
     parser.add_argument(

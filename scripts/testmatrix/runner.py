@@ -78,6 +78,46 @@ class LaneResult:
 _atomic_write = light.load("atomic").write_text
 
 
+class _PipeSafe:
+    """A text stream whose reader may leave early (`invoke test --matrix | head`).
+
+    The run goes on and its files (summary.json, junit) are still written; only output nobody
+    reads is dropped. The descriptor is pointed at /dev/null so the flush at exit cannot fail.
+    """
+
+    def __init__(self, stream: TextIO) -> None:
+        self._stream = stream
+        self._gone = False
+
+    def write(self, text: str) -> int:
+        if not self._gone:
+            try:
+                self._stream.write(text)
+            except BrokenPipeError:
+                self._reader_left()
+        return len(text)
+
+    def flush(self) -> None:
+        if not self._gone:
+            try:
+                self._stream.flush()
+            except BrokenPipeError:
+                self._reader_left()
+
+    def isatty(self) -> bool:
+        return not self._gone and self._stream.isatty()
+
+    def _reader_left(self) -> None:
+        self._gone = True
+        try:
+            fd = self._stream.fileno()
+        except (OSError, ValueError, AttributeError):
+            return
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, fd)
+        os.close(devnull)
+
+
 def _lane_env(lane: Lane, root: Path, workers: int) -> dict[str, str]:
     env = {
         k: v
@@ -631,7 +671,9 @@ def run_matrix(
 ) -> int:
     """Validate, plan, run, report. Returns the exit code (0 only when every ran lane is clean,
     130 when interrupted). Bad input raises MatrixError (the matrix file) or UsageError (flags)."""
-    stream = stream or sys.stdout
+    # `--json -`: standard output carries only the JSON summary; people read the rest on stderr.
+    json_to_stdout = json_path is not None and str(json_path) == "-"
+    stream = _PipeSafe(stream or (sys.stderr if json_to_stdout else sys.stdout))
     matrix = load(matrix_file)
     selected = select_lanes(matrix, lanes)
     required = [n.strip() for item in require or [] for n in item.split(",") if n.strip()]
@@ -665,7 +707,7 @@ def run_matrix(
         return 0
     out_dir = out_dir or root / "out" / "matrix"
     junit_dir = junit_dir or out_dir / "junit"
-    _check_outputs(json_path, junit_dir, out_dir)
+    _check_outputs(None if json_to_stdout else json_path, junit_dir, out_dir)
     rerun: dict[str, list[str] | None] | None = None
     if rerun_failed:
         rerun = failed_last_time(out_dir / "summary.json", matrix)
@@ -768,9 +810,11 @@ def run_matrix(
         "lanes": [asdict(r) for r in results],
     }
     text = json.dumps(summary, indent=2)
-    if json_path is not None:
-        _atomic_write(json_path, text)
     _atomic_write(out_dir / "summary.json", text)
+    if json_to_stdout:
+        print(text, file=_PipeSafe(sys.stdout), flush=True)
+    elif json_path is not None:
+        _atomic_write(json_path, text)
     markdown = format_markdown(results, code, platform_name)
     _atomic_write(out_dir / "summary.md", markdown)
     step_summary = os.environ.get("GITHUB_STEP_SUMMARY")

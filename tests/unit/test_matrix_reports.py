@@ -376,3 +376,50 @@ def test_rerun_failed_with_a_corrupt_summary_is_a_usage_error(tmp_path: Path, te
     (root / "out/matrix/summary.json").write_text(text)
     with pytest.raises(UsageError, match="is not a matrix summary"):
         _run(root, rerun_failed=True)
+
+
+def test_json_dash_prints_the_summary_on_stdout_and_a_closed_pipe_is_quiet(
+    tmp_path: Path,
+) -> None:
+    root = _tree(
+        tmp_path,
+        LANE.format(name="u", path="tests/u", timeout=60, extra=""),
+        {"tests/u/test_u.py": MIXED},
+    )
+    cmd = [sys.executable, "-m", "scripts.testmatrix", "--root", str(root), "--json", "-"]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    run = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 1, run.stderr
+    assert json.loads(run.stdout)["lanes"][0]["name"] == "u"  # stdout holds only the JSON
+    assert "lane" in run.stderr and not (root / "-").exists()
+    # `... --json - | head -1`: the reader goes away after one line
+    proc = subprocess.Popen(cmd, cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout is not None and proc.stderr is not None
+    first = proc.stdout.readline()
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=120) == 1 and first.strip() == b"{"
+    assert "Traceback" not in err and "BrokenPipe" not in err
+    assert json.loads((root / "out/matrix/summary.json").read_text())["exit_code"] == 1
+
+
+def test_table_into_a_closed_pipe_still_writes_the_summary(tmp_path: Path) -> None:
+    root = _tree(
+        tmp_path,
+        LANE.format(name="u", path="tests/u", timeout=60, extra=""),
+        {"tests/u/test_u.py": MIXED},
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "scripts.testmatrix", "--root", str(root)],
+        cwd=root,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.readline()  # `| head -1`
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=120) == 1, err
+    assert "Traceback" not in err
+    assert json.loads((root / "out/matrix/summary.json").read_text())["exit_code"] == 1
