@@ -15,13 +15,28 @@ from pathlib import Path
 
 from invoke import Collection, task
 
-from scripts.tasks.cli import CliTask, check_output_file, number_flag, print_lines, write_json
+from scripts.tasks.cli import (
+    CliTask,
+    bad_flag,
+    check_output_file,
+    number_flag,
+    print_lines,
+    write_json,
+)
 
 
 def _cache_root(cache_dir: str | None) -> Path:
+    if cache_dir is not None:
+        # An empty value must not fall back to the default cache (which clean would empty).
+        if not cache_dir.strip():
+            raise bad_flag("--cache-dir", cache_dir, "give a directory (or leave the flag out)")
+        path = Path(cache_dir).expanduser()
+        if path.exists() and not path.is_dir():
+            raise bad_flag("--cache-dir", cache_dir, "is a file; give the cache directory")
+        return path
     from torch_fl.bpu.settings import resolve
 
-    return Path(cache_dir or resolve().cache_dir)
+    return Path(resolve().cache_dir)
 
 
 @task(
@@ -58,10 +73,11 @@ def cache_list(c, cache_dir=None, json=None):
 def cache_clean(c, older_than_days=None, cache_dir=None):
     """Remove cached BPU artifacts (all, or older than N days)."""
     days = number_flag("--older-than-days", older_than_days, minimum=0.0)
+    root = _cache_root(cache_dir)
     from torch_fl.bpu.cache import ArtifactCache
 
     older = days * 86400 if days is not None else None
-    removed = ArtifactCache(_cache_root(cache_dir)).clean(older)
+    removed = ArtifactCache(root).clean(older)
     print(f"removed {removed} artifact(s)")
 
 

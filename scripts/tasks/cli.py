@@ -51,8 +51,11 @@ def bad_flag(flag: str, value: object, fix: str) -> Exit:
 
 
 def int_flag(flag: str, value: object, minimum: int = 1) -> int | None:
-    """An optional integer flag (invoke hands over strings); None stays None."""
-    if value is None or value == "":
+    """An optional integer flag (invoke hands over strings); None (not given) stays None.
+
+    An empty value is an error, not "not given": `--workers "$UNSET"` must not run the default.
+    """
+    if value is None:
         return None
     try:
         number = int(str(value).strip())
@@ -64,8 +67,9 @@ def int_flag(flag: str, value: object, minimum: int = 1) -> int | None:
 
 
 def number_flag(flag: str, value: object, minimum: float = 0.0) -> float | None:
-    """An optional non-negative (or >= minimum) finite number."""
-    if value is None or value == "":
+    """An optional non-negative (or >= minimum) finite number; empty is an error, not None
+    (`cache.clean --older-than-days "$UNSET"` must not clean everything)."""
+    if value is None:
         return None
     try:
         number = float(str(value).strip())

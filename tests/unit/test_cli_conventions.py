@@ -102,15 +102,14 @@ def test_cache_clean_rejects_bad_ages_and_removes_nothing(tmp_path: Path, value:
     assert len(list((cache / "artifacts").iterdir())) == 3
 
 
-@pytest.mark.parametrize("value", ["-1", "nan", "inf", "", " 2x"])
+@pytest.mark.parametrize("value", ["-1", "nan", "inf", "", " ", " 2x"])
 def test_number_flag_refuses_what_is_not_a_finite_non_negative_number(value: str) -> None:
     from invoke.exceptions import Exit
 
     from scripts.tasks.cli import number_flag
 
-    if value == "":
-        assert number_flag("--n", value) is None  # not given
-        return
+    assert number_flag("--n", None) is None  # not given
+    # An empty value (`--older-than-days "$UNSET"`) is not "no limit": that would clean all.
     with pytest.raises(Exit) as info:
         number_flag("--n", value)
     assert info.value.code == 2 and "use a number >= 0" in str(info.value.message)
@@ -169,3 +168,44 @@ def test_progress_loads_without_torch() -> None:
     )
     env = dict(os.environ, PYTHONPATH=str(REPO))
     subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, check=True, timeout=60)
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--older-than-days", ""],
+        ["--cache-dir", ""],
+        ["--cache-dir", "FILE"],
+    ],
+)
+def test_cache_clean_empty_or_file_values_exit_2_and_remove_nothing(
+    tmp_path: Path, argv: list[str]
+) -> None:
+    cache = _corrupt_cache(tmp_path, 3)
+    (tmp_path / "FILE").write_text("")
+    argv = [str(tmp_path / "FILE") if a == "FILE" else a for a in argv]
+    if "--cache-dir" not in argv:
+        argv += ["--cache-dir", str(cache)]
+    env = {**os.environ, "FLAGOS_BPU_CACHE": str(cache)}  # where an ignored flag would lead
+    run = subprocess.run(
+        [*INVOKE, "cache.clean", *argv],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
+    assert run.returncode == 2, run.stdout + run.stderr
+    assert "error: --" in run.stderr and "Traceback" not in run.stderr
+    assert len(list((cache / "artifacts").iterdir())) == 3
+
+
+def test_int_flag_refuses_an_empty_value() -> None:
+    from invoke.exceptions import Exit
+
+    from scripts.tasks.cli import int_flag
+
+    assert int_flag("--workers", None) is None
+    with pytest.raises(Exit) as info:
+        int_flag("--workers", "")
+    assert info.value.code == 2
