@@ -68,7 +68,7 @@ def test(
             json_path=Path(json).expanduser() if json else None,
             junit_dir=Path(junit_dir).expanduser() if junit_dir else None,
             workers=workers_n,
-            require=split_names(require or []),
+            require=require or None,
             rerun_failed=rerun_failed,
         )
     except (MatrixError, UsageError) as err:

@@ -675,8 +675,14 @@ def run_matrix(
     json_to_stdout = json_path is not None and str(json_path) == "-"
     stream = _PipeSafe(stream or (sys.stderr if json_to_stdout else sys.stdout))
     matrix = load(matrix_file)
+    # A flag given with an empty value ("$UNSET") is a mistake, never "no selection": an empty
+    # --require would let a lane CI exists to prove pass as "not run".
+    if lanes is not None and not [n for item in lanes for n in item.split(",") if n.strip()]:
+        raise UsageError(f"--lane {','.join(lanes)!r}: name at least one lane (--list shows them)")
     selected = select_lanes(matrix, lanes)
     required = [n.strip() for item in require or [] for n in item.split(",") if n.strip()]
+    if require is not None and not required:
+        raise UsageError(f"--require {','.join(require)!r}: name at least one lane")
     unknown = [n for n in required if n not in matrix.lanes]
     if unknown:
         raise UsageError(
@@ -691,7 +697,7 @@ def run_matrix(
         raise UsageError(f"--workers {workers!r}: use a whole number >= 1")
     if workers is not None and workers < 1:
         raise UsageError(f"--workers {workers}: use a whole number >= 1")
-    if platform:
+    if platform is not None:
         try:
             caps, platform_name = profile(platform), platform
         except KeyError as err:
@@ -700,7 +706,7 @@ def run_matrix(
         platform_name = "given"  # callers that already know (tests, a wrapping tool)
     else:
         caps, platform_name = None, "detected"
-    if list_only or platform:
+    if list_only or platform is not None:
         # A forced profile describes another machine: show what would happen there, run nothing.
         caps = caps if caps is not None else detect()
         print(format_plan(matrix, selected, caps, platform_name), file=stream)

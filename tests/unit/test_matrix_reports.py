@@ -309,6 +309,10 @@ def _program() -> Program:
         (["--matrix", "--require", "nope"], "--require: unknown lane(s) nope"),
         (["--lane", ","], "--lane ',': name at least one lane"),
         (["--matrix", "--json", "/"], "is a directory"),
+        # An empty value ("$UNSET") must not drop CI's requirement or run the local default.
+        (["--matrix", "--require", ""], "--require '': name at least one lane"),
+        (["--matrix", "--require", ","], "--require ',': name at least one lane"),
+        (["--platform", ""], "unknown platform ''; use one of"),
     ],
 )
 def test_invoke_flag_errors_exit_2_with_a_message(
@@ -423,3 +427,12 @@ def test_table_into_a_closed_pipe_still_writes_the_summary(tmp_path: Path) -> No
     assert proc.wait(timeout=120) == 1, err
     assert "Traceback" not in err
     assert json.loads((root / "out/matrix/summary.json").read_text())["exit_code"] == 1
+
+
+@pytest.mark.parametrize("flag", ["--lane", "--require"])
+def test_module_cli_refuses_empty_lane_names(tmp_path: Path, flag: str) -> None:
+    from scripts.testmatrix.__main__ import main
+
+    root = _tree(tmp_path, LANE.format(name="u", path="tests/u", timeout=60, extra=""), {})
+    assert main(["--root", str(root), flag, ""]) == 2
+    assert not (root / "out/matrix/logs").exists()
