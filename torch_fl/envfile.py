@@ -12,6 +12,7 @@ provisioning and the test matrix load it by file (provision/light.py).
 from __future__ import annotations
 
 import os
+import stat as stat_mode
 import warnings
 from collections.abc import Mapping
 from pathlib import Path
@@ -106,13 +107,20 @@ def read_env_file(path: Path | None = None) -> dict[str, tuple[str, int]]:
     keeps every good line.
     """
     target = path or env_file_path()
+    data: bytes | None = None
     try:
         stat = target.stat()
-        data = target.read_bytes()
+        if stat_mode.S_ISREG(stat.st_mode):
+            data = target.read_bytes()
+        elif stat_mode.S_ISDIR(stat.st_mode):
+            kind = "is a directory"
+        else:  # reading a FIFO or a device (/dev/zero) would block every import, or never end
+            kind = "is not a regular file"
     except FileNotFoundError:
         return {}
     except OSError as exc:
-        kind = "is a directory" if target.is_dir() else f"cannot be read ({exc.strerror})"
+        kind = f"cannot be read ({exc.strerror})"
+    if data is None:
         _warn_once(
             target,
             (),
@@ -122,6 +130,7 @@ def read_env_file(path: Path | None = None) -> dict[str, tuple[str, int]]:
         return {}
     values: dict[str, tuple[str, int]] = {}
     problems: list[str] = []
+    data = data.removeprefix(b"\xef\xbb\xbf")  # a UTF-8 byte order mark, as some editors save
     for lineno, raw_bytes in enumerate(data.splitlines(), start=1):
         try:
             raw = raw_bytes.decode("utf-8")

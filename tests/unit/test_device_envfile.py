@@ -1,5 +1,6 @@
 """The per-user env file that provisioning writes (torch_fl/envfile.py)."""
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -122,3 +123,35 @@ def test_provision_envfile_repairs_any_content(tmp_path: Path, kind: str):
     if content is None:  # the directory was moved aside, not deleted
         (aside,) = tmp_path.glob("env.replaced-*")
         assert (aside / "keep").read_text() == "user data"
+
+
+def test_byte_order_mark_does_not_hide_the_first_line(tmp_path: Path):
+    """Editors on Windows save UTF-8 with a BOM; the first setting must still count."""
+    path = tmp_path / "env"
+    path.write_bytes(b"\xef\xbb\xbfFLAGOS_BPU_ACT_SCALE=0.1\r\nFLAGOS_BPU_MARCH=nash-m\r\n")
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert envfile.read_env_file(path) == {
+            "FLAGOS_BPU_ACT_SCALE": ("0.1", 1),
+            "FLAGOS_BPU_MARCH": ("nash-m", 2),
+        }
+
+
+@pytest.mark.parametrize("kind", ["fifo", "char_device"])
+def test_env_file_that_is_not_a_regular_file_does_not_block_import(tmp_path: Path, kind: str):
+    """Reading a FIFO or /dev/zero would block (or grow memory) in every `import torch`."""
+    path = tmp_path / "env"
+    if kind == "fifo":
+        os.mkfifo(path)
+    else:
+        path.symlink_to("/dev/zero")
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "FLAGOS_BPU_ENV_FILE": str(path)}
+    proc = subprocess.run(
+        [sys.executable, "-c", PROBE], capture_output=True, text=True, env=env, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "IMPORTED 0.0" in proc.stdout
+    warned = [line for line in proc.stderr.splitlines() if str(path) in line]
+    assert len(warned) == 1 and "not a regular file" in warned[0], proc.stderr[-3000:]
