@@ -50,7 +50,7 @@ def bad_flag(flag: str, value: object, fix: str) -> Exit:
     return Exit(f"error: {flag} {value!r}: {fix}", code=2)
 
 
-def int_flag(flag: str, value: object, minimum: int = 1) -> int | None:
+def int_flag(flag: str, value: object, minimum: int = 1, maximum: int | None = None) -> int | None:
     """An optional integer flag (invoke hands over strings); None (not given) stays None.
 
     An empty value is an error, not "not given": `--workers "$UNSET"` must not run the default.
@@ -63,6 +63,8 @@ def int_flag(flag: str, value: object, minimum: int = 1) -> int | None:
         raise bad_flag(flag, value, f"use a whole number >= {minimum}") from None
     if number < minimum:
         raise bad_flag(flag, value, f"use a whole number >= {minimum}")
+    if maximum is not None and number > maximum:
+        raise bad_flag(flag, value, f"use a whole number from {minimum} to {maximum}")
     return number
 
 

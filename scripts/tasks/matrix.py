@@ -46,9 +46,9 @@ def test(
 ) -> None:
     """Run the tests. Without --matrix: the quick unit lane only."""
     from scripts.testmatrix.runner import INTERRUPTED, UsageError, run_matrix
-    from scripts.testmatrix.schema import MatrixError
+    from scripts.testmatrix.schema import MAX_WORKERS, MatrixError
 
-    workers_n = int_flag("--workers", workers)
+    workers_n = int_flag("--workers", workers, maximum=MAX_WORKERS)
     lanes = split_names(lane or [])
     if lane and not lanes:
         raise bad_flag("--lane", ",".join(lane), "name at least one lane (invoke test --list)")

@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from scripts.testmatrix.schema import MatrixError
+from scripts.testmatrix.schema import MAX_WORKERS, MatrixError
 
 
 def _positive_int(text: str) -> int:
@@ -16,6 +16,8 @@ def _positive_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"{value} is below 1")
+    if value > MAX_WORKERS:
+        raise argparse.ArgumentTypeError(f"{value} is above {MAX_WORKERS}")
     return value
 
 

@@ -8,6 +8,7 @@ by node instead of being loaded into plain dicts (which forget where things came
 from __future__ import annotations
 
 import fnmatch
+import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,6 +19,7 @@ import yaml
 from scripts.testmatrix.capabilities import CAPABILITIES, is_present
 
 LANE_KINDS = ("pytest", "ruff")
+MAX_WORKERS = 256  # xdist forks every one at once: a typo of a few zeros must not fork-bomb
 STATUSES = ("fail", "error", "crash")
 PLACEHOLDER_REASON = re.compile(r"^\s*(FIXME|TODO|XXX|TBD)\b", re.IGNORECASE)
 _LANE_NAME = re.compile(r"^[a-z][a-z0-9-]*$")
@@ -170,12 +172,21 @@ class _Validator:
             raise self.fail(node, f"{what} must be a non-empty string, got {value!r}")
         return value
 
-    def number(self, node: yaml.Node, what: str, minimum: float, integer: bool) -> Any:
+    def number(
+        self, node: yaml.Node, what: str, minimum: float, integer: bool, maximum: float = math.inf
+    ) -> Any:
         value = self.scalar(node, what)
         kinds = (int,) if integer else (int, float)
-        if isinstance(value, bool) or not isinstance(value, kinds) or value < minimum:
+        # NaN compares false with everything (a timeout that never expires); inf never ends.
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, kinds)
+            or not math.isfinite(value)
+            or not minimum <= value <= maximum
+        ):
             kind = "an integer" if integer else "a number"
-            raise self.fail(node, f"{what} must be {kind} >= {minimum}, got {value!r}")
+            limit = f" and <= {maximum:g}" if maximum != math.inf else ""
+            raise self.fail(node, f"{what} must be {kind} >= {minimum}{limit}, got {value!r}")
         return value
 
     def strings(self, node: yaml.Node, what: str) -> list[tuple[str, yaml.Node]]:
@@ -234,7 +245,9 @@ class _Validator:
                 for text, item in self.strings(keys["requires"], f"{what} requires")
             ]
         if "workers" in keys:
-            lane.workers = self.number(keys["workers"], f"{what} workers", 1, integer=True)
+            lane.workers = self.number(
+                keys["workers"], f"{what} workers", 1, integer=True, maximum=MAX_WORKERS
+            )
         lane.timeout = float(self.number(keys["timeout"], f"{what} timeout (seconds)", 1, False))
         if "test_timeout" in keys:
             lane.test_timeout = float(
@@ -354,7 +367,8 @@ def parse(text: str, path: str = "matrix.yaml") -> Matrix:
             path, line, f"YAML syntax error: {err.problem}; fix the indentation or quoting"
         ) from None
     except yaml.YAMLError as err:
-        raise MatrixError(path, 1, f"YAML error: {err}") from None
+        # e.g. a control character: PyYAML's text spans lines; the error stays one line.
+        raise MatrixError(path, 1, "YAML error: " + " ".join(str(err).split())) from None
     return _Validator(path).matrix(root)
 
 

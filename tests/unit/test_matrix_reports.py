@@ -306,6 +306,7 @@ def _program() -> Program:
     [
         (["--workers", "abc"], "--workers 'abc': use a whole number >= 1"),
         (["--workers", "0"], "--workers '0': use a whole number >= 1"),
+        (["--workers", "99999999999"], "--workers '99999999999': use a whole number from 1"),
         (["--matrix", "--require", "nope"], "--require: unknown lane(s) nope"),
         (["--lane", ","], "--lane ',': name at least one lane"),
         (["--matrix", "--json", "/"], "is a directory"),

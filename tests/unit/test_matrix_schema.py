@@ -67,6 +67,12 @@ def test_valid_file_parses_with_lines() -> None:
         ("version: 1", "version: 2", 1, "version must be 1"),
         ("    link: docs/matrix.md", "", 16, "missing required key 'link'"),
         ("  gpu:\n", "  gpu:\n   bad: [\n", 10, "YAML syntax error"),
+        # A NaN timeout never expires and an infinite one never ends a hung lane.
+        ("    timeout: 60", "    timeout: .nan", 6, "timeout (seconds) must be a number >= 1"),
+        ("    timeout: 60", "    timeout: .inf", 6, "timeout (seconds) must be a number >= 1"),
+        ("    timeout: 60", "    timeout: 60\n    test_timeout: .nan", 7, "test_timeout"),
+        ("    workers: 2", "    workers: 100000000000", 5, "workers must be an integer"),
+        ("    timeout: 60", '    timeout: 60\n    description: "\x01"', 1, "YAML error"),
     ],
 )
 def test_errors_name_file_and_line(old: str, new: str, line: int, fragment: str) -> None:
