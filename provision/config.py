@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import difflib
+import math
 import re
 from pathlib import Path
 from typing import Any
@@ -76,7 +77,33 @@ def check_keys(over: Any, defaults: Any, source: str, prefix: str = "") -> None:
                 else (f"known keys here: {', '.join(sorted(str(k) for k in defaults))}")
             )
             raise ConfigError(f"{source}: unknown key {dotted!r}; {hint}")
+        kind = _kind_problem(value, defaults[key])
+        if kind:
+            raise ConfigError(f"{source}: {dotted} = {value!r}: {kind}")
         check_keys(value, defaults[key], source, f"{dotted}.")
+
+
+def _kind_problem(value: Any, default: Any) -> str | None:
+    """Why `value` cannot stand where the packaged default is `default` (None: it can).
+
+    A number where a path belongs, or NaN as a timeout, would otherwise surface as a traceback
+    (or a hang) deep inside a step.
+    """
+    if isinstance(default, dict):
+        return None if isinstance(value, dict) else "use a mapping of keys, like the default"
+    if isinstance(default, bool):
+        return None if isinstance(value, bool) else "use true or false"
+    if isinstance(default, (int, float)):
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            return "use a number"
+        return None if math.isfinite(value) else "use a finite number"
+    if isinstance(default, list):
+        if isinstance(value, list) and all(isinstance(item, str) for item in value):
+            return None
+        return "use a list of strings (quote each item)"
+    if isinstance(default, str) and not isinstance(value, str):
+        return "use a string (quote it)"
+    return None
 
 
 def _get(cfg: dict[str, Any], dotted: str) -> Any:
@@ -130,7 +157,11 @@ def validate(cfg: dict[str, Any]) -> dict[str, Any]:
         raise ConfigError(f"steps.skip = {skip!r}: a list of step names from {list(STEP_NAMES)}")
     for key in ("x86_python.import_timeout_s", "build_verify.timeout_s", "ssh.connect_timeout_s"):
         value = _get(cfg, key)
-        if not isinstance(value, (int, float)) or value <= 0:
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, (int, float))
+            or not 0 < value < math.inf
+        ):
             raise ConfigError(f"{key} = {value!r}: use a positive number of seconds")
     return cfg
 
@@ -142,7 +173,10 @@ def load(config_file: str | None = None, invoke_section: dict[str, Any] | None =
     if invoke_section:
         check_keys(dict(invoke_section), defaults, "invoke.yaml provision section")
         cfg = deep_merge(cfg, dict(invoke_section))
-    if config_file:
+    if config_file is not None:
+        if not str(config_file).strip():
+            # An empty value ("$UNSET") must not quietly mean "the packaged defaults".
+            raise ConfigError("--config '' is empty; give the YAML file (or leave the flag out)")
         path = Path(config_file).expanduser()
         over = _read_yaml(path)
         check_keys(over, defaults, f"config file {path}")

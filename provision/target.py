@@ -7,6 +7,7 @@ provisions the local host and a remote board; nothing may assume it runs locally
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import os
 import re
 import shlex
@@ -225,12 +226,23 @@ def parse_host(text: str) -> HostSpec:
     match = _HOST_RE.match(text.strip())
     if not match:
         raise ValueError(
-            f"--host {text!r} is not user@addr[:port]; example: --host root@192.168.1.10:22"
+            f"--host {text!r} is not user@addr[:port]; example: --host root@192.168.1.10:22 "
+            "(IPv6 in brackets: root@[::1]:22)"
         )
     port = int(match["port"] or 22)
     if not 0 < port < 65536:
         raise ValueError(f"--host {text!r}: port {port} is outside 1..65535")
-    return HostSpec(match["user"], match["host"].strip("[]"), port)
+    host = match["host"]
+    if host.startswith("["):
+        host = host[1:-1]
+        try:
+            ipaddress.IPv6Address(host)
+        except ValueError:
+            raise ValueError(
+                f"--host {text!r}: {host!r} in brackets is not an IPv6 address; "
+                "example: --host root@[fe80::2]:22"
+            ) from None
+    return HostSpec(match["user"], host, port)
 
 
 def _check_identity(path: str) -> None:

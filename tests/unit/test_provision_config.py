@@ -120,3 +120,39 @@ def test_provisioning_and_backend_share_one_march_list():
     for march in c.MARCHES:
         c.validate(c.deep_merge(c.load(), {"march": march}))
         assert settings.resolve({"march": march}).march == march
+
+
+@pytest.mark.parametrize(
+    ("text", "key"),
+    [
+        ("prefix: 5\n", "prefix"),
+        ("cache_dir: [1]\n", "cache_dir"),
+        ("ssh: {known_hosts: 5}\n", "ssh.known_hosts"),
+        ("ssh: {identity: [a]}\n", "ssh.identity"),
+        ("ssh: {connect_timeout_s: .nan}\n", "ssh.connect_timeout_s"),
+        ("ssh: {connect_timeout_s: .inf}\n", "ssh.connect_timeout_s"),
+        ("ssh: {connect_timeout_s: true}\n", "ssh.connect_timeout_s"),
+        ("box64: {path: 7}\n", "box64.path"),
+        ("box64: {allow_distro: maybe}\n", "box64.allow_distro"),
+        ("x86_python: {distro: {candidates: 5}}\n", "x86_python.distro.candidates"),
+        ("x86_python: {distro: {candidates: [1]}}\n", "x86_python.distro.candidates"),
+        ("build_verify: {build_command: 5}\n", "build_verify.build_command"),
+        ("policy: 5\n", "policy"),
+    ],
+)
+def test_config_values_of_the_wrong_type_name_the_key(tmp_path, text, key):
+    f = tmp_path / "o.yaml"
+    f.write_text(text)
+    with pytest.raises(c.ConfigError, match=f"{key.replace('.', r'[.]')} = "):
+        c.load(str(f))
+
+
+def test_empty_config_path_is_an_error_not_the_defaults():
+    with pytest.raises(c.ConfigError, match="--config ''"):
+        c.load("")
+
+
+@pytest.mark.parametrize("bad", ["[:]", "u@[zz]", "[1.2.3.4]", "::1", "fe80::1:22"])
+def test_parse_host_refuses_what_is_not_an_address(bad):
+    with pytest.raises(ValueError, match="user@addr|IPv6"):
+        parse_host(bad)
