@@ -7,6 +7,7 @@ first second with the flag and the fix, not after a twenty-minute run with a tra
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 
 
@@ -24,6 +25,11 @@ def dir_problem(path: Path) -> str | None:
         return f"{probe} is a file, not a directory; choose another path"
     if not os.access(probe, os.W_OK | os.X_OK):
         return f"{probe} is not writable; choose another path"
+    try:  # root passes os.access() everywhere, yet cannot create files in /proc or on a ro mount
+        with tempfile.NamedTemporaryFile(dir=probe, prefix=".torch-fl-probe-"):
+            pass
+    except OSError as err:
+        return f"{probe} is not writable ({err.strerror}); choose another path"
     return None
 
 
