@@ -138,6 +138,11 @@ def _request(c, host, dry, only, skip, artifacts, oe_wheels, config, json, repor
     run_cfg = getattr(getattr(c, "config", None), "run", None) or {}
     # invoke's core flags: `invoke --dry provision` plans only, `invoke -e provision` echoes.
     dry = bool(dry or run_cfg.get("dry"))
+    for flag, value in (("--artifacts", artifacts), ("--oe-wheels", oe_wheels), ("--json", json),
+                        ("--report", report)):  # fmt: skip
+        # An empty value ("$UNSET") is a mistake, never "use the default".
+        if value is not None and not str(value).strip():
+            raise _bad_input(f"{flag} {value!r} is empty; give a path (or leave the flag out)")
     if json and report and json != report:
         raise _bad_input("--json and --report are the same option; give one of them")
     json_flag = json or report

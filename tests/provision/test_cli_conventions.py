@@ -84,6 +84,13 @@ def test_invoke_echo_shows_the_commands_and_json_dash_is_stdout(iso) -> None:
         (["--only", ""], {}, "--only '' names no step"),
         (["--only", "envfile", "--skip", "envfile"], {}, "--only and --skip both name envfile"),
         (["--only", "box65"], {}, "unknown step(s) ['box65']"),
+        # An empty value ("$UNSET") is a mistake, not "use the default".
+        (["--only", "envfile", "--config", ""], {}, "--config '' is empty"),
+        (["--only", "envfile", "--artifacts", ""], {}, "--artifacts '' is empty"),
+        (["--only", "envfile", "--oe-wheels", ""], {}, "--oe-wheels '' is empty"),
+        (["--only", "envfile", "--json", ""], {}, "--json '' is empty"),
+        (["--only", "envfile", "--report", " "], {}, "--report ' ' is empty"),
+        (["--only", "envfile", "-H", "[:]"], {}, "is not an IPv6 address"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(iso, args, files, needle) -> None:
