@@ -12,6 +12,9 @@ from pathlib import Path
 from invoke import Collection, task
 from invoke.exceptions import Exit
 
+from scripts import outpaths
+from scripts.tasks.cli import bad_flag, number_flag
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -40,6 +43,16 @@ _COMMON_HELP = {
 }
 
 
+def _seconds(flag: str, value: str | None, default: float) -> float:
+    """A finite number of seconds > 0 (NaN would never expire; 0 or -5 are typos)."""
+    if value is None:
+        return default
+    seconds = number_flag(flag, value, minimum=0.0)
+    if not seconds:
+        raise bad_flag(flag, value, "use a number of seconds > 0")
+    return seconds
+
+
 def _job(c, *, mode, coordinator, place, tag, count, farm_config, config, only, skip,
          artifacts, insecure_host_key, reserve_timeout, out, boot_timeout=None,
          **extra):  # fmt: skip
@@ -61,14 +74,14 @@ def _job(c, *, mode, coordinator, place, tag, count, farm_config, config, only, 
         art = Path(artifacts).expanduser() if artifacts else None
         if art is not None and not art.is_dir():
             raise ValueError(f"--artifacts {artifacts} is not a directory")
-        timeout = float(reserve_timeout) if reserve_timeout is not None else 300.0
-        if timeout <= 0:
-            raise ValueError("--reserve-timeout must be > 0 seconds")
-        boot = float(boot_timeout) if boot_timeout is not None else 300.0
-        if boot <= 0:
-            raise ValueError("--boot-timeout must be > 0 seconds")
     except (ValueError, config_mod.ConfigError) as exc:
         raise Exit(f"farm.{mode}: {exc}", code=2) from None
+    timeout = _seconds("--reserve-timeout", reserve_timeout, 300.0)
+    boot = _seconds("--boot-timeout", boot_timeout, 300.0)
+    if out is not None:
+        problem = outpaths.dir_problem(Path(out).expanduser()) if out.strip() else "is empty"
+        if problem:
+            raise bad_flag("--out", out, problem)
     return FarmJob(
         settings=farm,
         requests=requests,
@@ -145,7 +158,7 @@ def test(c, lane=None, coordinator=None, place=None, tag=None, count=None, farm_
                insecure_host_key=insecure_host_key, reserve_timeout=reserve_timeout, out=out,
                boot_timeout=boot_timeout, provision=not no_provision, lanes=lanes, matrix_file=matrix_file, setup=setup,
                board_python=board_python,
-               lane_timeout_s=float(lane_timeout) if lane_timeout else 3600.0)  # fmt: skip
+               lane_timeout_s=_seconds("--lane-timeout", lane_timeout, 3600.0))  # fmt: skip
     _finish(job)
 
 

@@ -137,12 +137,27 @@ def test_labgrid_stays_out_of_the_project_environment():
         (["farm.test", "--place", "a", "--coordinator", "h:1", "--lane", "nope"], "unknown lane"),
         (["farm.test", "--place", "a", "--coordinator", "h:1", "--lane", "unit",
           "--setup", "magic"], "--setup 'magic'"),
+        # Seconds are finite and positive: NaN never expires, -5 or 0 are typos, not "default".
+        (["farm.test", "--place", "a", "--coordinator", "h:1", "--lane", "unit",
+          "--lane-timeout", "abc"], "--lane-timeout 'abc'"),
+        (["farm.test", "--place", "a", "--coordinator", "h:1", "--lane", "unit",
+          "--lane-timeout", "-5"], "--lane-timeout '-5'"),
+        (["farm.test", "--place", "a", "--coordinator", "h:1", "--lane", "unit",
+          "--lane-timeout", "0"], "--lane-timeout '0'"),
+        (["farm.provision", "--place", "a", "--coordinator", "h:1", "--reserve-timeout", "nan"],
+         "--reserve-timeout 'nan'"),
+        (["farm.provision", "--place", "a", "--coordinator", "h:1", "--boot-timeout", "inf"],
+         "--boot-timeout 'inf'"),
+        (["farm.provision", "--place", "a", "--coordinator", "h:1", "--count", ""], "--count ''"),
+        (["farm.provision", "--place", "a", "--coordinator", "h:1", "--out", "/proc/x"],
+         "--out '/proc/x'"),
     ],
 )  # fmt: skip
 def test_bad_farm_commands_exit_2_before_touching_the_farm(args, message, tmp_path):
     repo = Path(__file__).resolve().parents[2]
     proc = subprocess.run(
-        [sys.executable, "-m", "invoke", *args, "--out", str(tmp_path / "out")],
+        [sys.executable, "-m", "invoke", *args,
+         *([] if "--out" in args else ["--out", str(tmp_path / "out")])],
         cwd=repo, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert proc.returncode == 2, proc.stdout + proc.stderr
