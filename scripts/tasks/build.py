@@ -5,13 +5,14 @@ from __future__ import annotations
 import os
 import shlex
 import sys
+import tempfile
 from pathlib import Path
 
 from invoke import Collection, Context, task
 from invoke.exceptions import Exit
 
 from provision import light
-from scripts.tasks.cli import CliTask, check_output_file, heartbeat
+from scripts.tasks.cli import CliTask, check_output_file, heartbeat, print_lines
 
 ROOT = Path(__file__).resolve().parents[2]
 SUPPORTED_ACCELERATORS: tuple[str, ...] = light.load("targets").ACCELERATORS
@@ -45,19 +46,28 @@ def build(c: Context, accelerator: str = "bpu", debug: bool = False) -> None:
         )
 
 
-@task(klass=CliTask, help={"json": "also write the eager results as JSON to this file"})
+@task(
+    klass=CliTask,
+    help={"json": "also write the eager results as JSON to this file (- for standard output)"},
+)
 def bench(c: Context, json: str = "") -> None:
     """Benchmarks: eager flagos vs CPU, the compile backend, and the zoo (scripts/bench_*.py)."""
-    if json:
+    to_stdout = json == "-"
+    if json and not to_stdout:
         check_output_file("--json", json)
-    out = f" --json {shlex.quote(json)}" if json else ""
-    with c.cd(str(ROOT)):
-        c.run(f"{sys.executable} scripts/bench_eager.py{out}", env=dict(os.environ))
+    # `--json -`: standard output carries the JSON alone; the benchmarks' tables go to stderr.
+    streams = {"out_stream": sys.stderr} if to_stdout else {}
+    with tempfile.TemporaryDirectory() as tmp, c.cd(str(ROOT)):
+        dest = str(Path(tmp) / "eager.json") if to_stdout else json
+        out = f" --json {shlex.quote(dest)}" if dest else ""
+        c.run(f"{sys.executable} scripts/bench_eager.py{out}", env=dict(os.environ), **streams)
         if (ROOT / "scripts" / "bench_compile.py").exists():
-            c.run(f"{sys.executable} scripts/bench_compile.py", env=dict(os.environ))
+            c.run(f"{sys.executable} scripts/bench_compile.py", env=dict(os.environ), **streams)
         if (ROOT / "scripts" / "bench_zoo.py").exists():
             # the public-architecture zoo through backend="bpu": out/bench_zoo.json and .png
-            c.run(f"{sys.executable} scripts/bench_zoo.py", env=dict(os.environ))
+            c.run(f"{sys.executable} scripts/bench_zoo.py", env=dict(os.environ), **streams)
+        if to_stdout:
+            print_lines(Path(dest).read_text(encoding="utf-8").splitlines())
 
 
 def register(ns: Collection) -> None:

@@ -209,3 +209,34 @@ def test_int_flag_refuses_an_empty_value() -> None:
     with pytest.raises(Exit) as info:
         int_flag("--workers", "")
     assert info.value.code == 2
+
+
+class _BenchContext:
+    """Stands in for invoke's Context: records each command, writes the JSON a bench would."""
+
+    def __init__(self) -> None:
+        self.runs: list[tuple[str, object]] = []
+
+    def cd(self, path: str):  # noqa: ANN201 - a context manager, like Context.cd
+        import contextlib
+
+        return contextlib.nullcontext()
+
+    def run(self, command: str, **kwargs: object) -> None:
+        self.runs.append((command, kwargs.get("out_stream")))
+        if "--json " in command:
+            Path(command.split("--json ", 1)[1].strip("'")).write_text('{"ratio": 1.5}\n')
+
+
+def test_bench_json_dash_prints_only_the_json_on_stdout(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from scripts.tasks import build as build_tasks
+
+    monkeypatch.chdir(tmp_path)
+    ctx = _BenchContext()
+    build_tasks.bench.body(ctx, json="-")
+    out = capsys.readouterr().out
+    assert out.strip() == '{"ratio": 1.5}' and not (tmp_path / "-").exists()
+    # every benchmark's own output goes to stderr, so stdout stays valid JSON
+    assert ctx.runs and all(stream is sys.stderr for _, stream in ctx.runs)
