@@ -9,6 +9,8 @@ reported as `unreachable` and the others carry on; the exit code is the worst of
 from __future__ import annotations
 
 import re
+import shutil
+import textwrap
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -83,10 +85,19 @@ def split_hosts(values: str | Iterable[str] | None) -> list[HostSpec]:
         )
     specs = [parse_host(t) for t in texts]
     seen: set[HostSpec] = set()
+    files: dict[str, str] = {}
     for text, spec in zip(texts, specs, strict=True):
         if spec in seen:
             raise ValueError(f"--host {text!r} is given twice; list each host once")
         seen.add(spec)
+        # Two hosts sharing a report file (and scratch dir) would overwrite each other's.
+        name = slug(HostJob(spec).name)
+        if name in files:
+            raise ValueError(
+                f"--host {files[name]!r} and {text!r} would share the same report file "
+                f"({name}.json); provision them in separate runs"
+            )
+        files[name] = text
     return specs
 
 
@@ -287,7 +298,7 @@ def table(results: list[HostResult]) -> str:
         if not res.outcomes:
             rows.append(
                 (res.name, "-", "-", "-", res.status, f"{res.finished - res.started:.1f}s",
-                 (res.error or "").replace("\n", " ")[:90])
+                 " ".join((res.error or "").split()))
             )  # fmt: skip
             continue
         for o in res.outcomes:
@@ -300,13 +311,19 @@ def table(results: list[HostResult]) -> str:
                     o.action,
                     o.after.status if o.after else "-",
                     f"{o.duration_s:.1f}s",
-                    detail.replace("\n", " ")[:90],
+                    " ".join(detail.split()),
                 )
             )
     widths = [max(len(r[i]) for r in rows) for i in range(6)]
+    indent = sum(widths) + 2 * 6
+    # Like the one-host table: a long detail wraps at word boundaries under its column.
+    detail_width = max(40, max(100, shutil.get_terminal_size((120, 24)).columns) - indent)
     lines = []
     for i, row in enumerate(rows):
-        lines.append("  ".join(c.ljust(widths[j]) for j, c in enumerate(row[:6])) + "  " + row[6])
+        head = "  ".join(c.ljust(widths[j]) for j, c in enumerate(row[:6])) + "  "
+        parts = textwrap.wrap(row[6], detail_width, break_long_words=False) or [""]
+        lines.append((head + parts[0]).rstrip())
+        lines += [" " * indent + part for part in parts[1:]]
         if i == 0:
             lines.append("  ".join("-" * w for w in widths) + "  " + "-" * 6)
     return "\n".join(lines)

@@ -155,3 +155,20 @@ def test_dry_run_of_several_hosts_changes_nothing(two_sshd, iso, provision_cli):
         assert json.loads(Path(host["report"]).read_text())["dry"] is True
     for server in two_sshd:
         assert not (server.remote / "config").exists(), "--dry must not change a host"
+
+
+def test_table_wraps_long_details_instead_of_cutting_them():
+    from provision.multihost import HostResult, table
+
+    error = "cannot connect to nobody@127.0.0.1:1: " + " ".join(f"word{i}" for i in range(40))
+    res = HostResult("nobody@127.0.0.1:1", "unreachable", 1, "r.json", 0.0, 0.1, error=error)
+    text = table([res])
+    words = " ".join(line.strip() for line in text.splitlines()[2:]).split()
+    assert words[-40:] == [f"word{i}" for i in range(40)]  # every word, none cut
+    assert max(len(line) for line in text.splitlines()) <= 140
+
+
+def test_hosts_whose_report_names_would_collide_are_refused():
+    # `u@[::1]:2` and `u@1:2` are different hosts; both reports would be u_1_2.json
+    with pytest.raises(ValueError, match="same report file"):
+        split_hosts(["u@[::1]:2,u@1:2"])
