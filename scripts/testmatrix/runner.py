@@ -721,8 +721,9 @@ def run_matrix(
         if not selected:
             print("[matrix] nothing failed in the last run; nothing to rerun", file=stream)
             return 0
-    caps = caps if caps is not None else detect()
+    # Cleared before detecting (seconds): a Ctrl-C there must not leave the last run's summary.
     _clear_outputs(out_dir, junit_dir, list(matrix.lanes))
+    caps = caps if caps is not None else detect()
     caps_file = out_dir / "capabilities.json"
     _atomic_write(caps_file, json.dumps(caps, indent=2))
     results: list[LaneResult] = []

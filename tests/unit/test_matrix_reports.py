@@ -437,3 +437,24 @@ def test_module_cli_refuses_empty_lane_names(tmp_path: Path, flag: str) -> None:
     root = _tree(tmp_path, LANE.format(name="u", path="tests/u", timeout=60, extra=""), {})
     assert main(["--root", str(root), flag, ""]) == 2
     assert not (root / "out/matrix/logs").exists()
+
+
+def test_interrupt_while_detecting_leaves_no_earlier_green_summary(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root = _tree(
+        tmp_path,
+        LANE.format(name="u", path="tests/u", timeout=60, extra=""),
+        {"tests/u/test_u.py": PASSING},
+    )
+    code, _, summary = _run(root)
+    assert code == 0 and summary["exit_code"] == 0
+
+    def ctrl_c() -> dict[str, Any]:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(runner_mod, "detect", ctrl_c)
+    with pytest.raises(KeyboardInterrupt):
+        run_matrix(root=root, matrix_file=root / "matrix.yaml", stream=io.StringIO())
+    out = root / "out" / "matrix"
+    assert not (out / "summary.json").exists() and not (out / "junit" / "u.xml").exists()
