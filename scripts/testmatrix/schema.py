@@ -164,7 +164,8 @@ class _Validator:
     def scalar(self, node: yaml.Node, what: str) -> Any:
         if not isinstance(node, yaml.ScalarNode):
             raise self.fail(node, f"{what} must be a single value, not a list or mapping")
-        return yaml.safe_load(yaml.serialize(node))
+        # Constructed directly: re-serializing an empty value (`timeout:`) does not parse back.
+        return yaml.constructor.SafeConstructor().construct_object(node, deep=True)
 
     def string(self, node: yaml.Node, what: str) -> str:
         value = self.scalar(node, what)
@@ -266,7 +267,13 @@ class _Validator:
             if not isinstance(env_node, yaml.MappingNode):
                 raise self.fail(env_node, f"{what} env must be a mapping NAME: value")
             for k, v in env_node.value:
-                lane.env[self.string(k, f"{what} env name")] = str(self.scalar(v, f"{what} env"))
+                name = self.string(k, f"{what} env name")
+                value = self.scalar(v, f"{what} env {name}")
+                if value is None or isinstance(value, bool):  # would arrive as "None"/"True"
+                    raise self.fail(
+                        v, f"{what} env {name} must be a string or number; quote it, got {value!r}"
+                    )
+                lane.env[name] = str(value)
         if lane.kind == "ruff" and lane.workers != 1:
             raise self.fail(keys["workers"], f"{what}: a ruff lane has no workers; remove it")
         return lane

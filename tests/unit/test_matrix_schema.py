@@ -73,6 +73,11 @@ def test_valid_file_parses_with_lines() -> None:
         ("    timeout: 60", "    timeout: 60\n    test_timeout: .nan", 7, "test_timeout"),
         ("    workers: 2", "    workers: 100000000000", 5, "workers must be an integer"),
         ("    timeout: 60", '    timeout: 60\n    description: "\x01"', 1, "YAML error"),
+        # `env: {A: }` or `{A: yes}` would reach the lane as "None" / "True"
+        ("    timeout: 60", "    timeout: 60\n    env: {A: }", 7, "env A must be a string"),
+        ("    timeout: 60", "    timeout: 60\n    env: {A: yes}", 7, "env A must be a string"),
+        ("    timeout: 60", "    timeout:", 6, "timeout (seconds) must be a number >= 1, got None"),
+        ("version: 1", "version:", 1, "version must be 1"),
     ],
 )
 def test_errors_name_file_and_line(old: str, new: str, line: int, fragment: str) -> None:
