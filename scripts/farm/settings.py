@@ -42,6 +42,9 @@ def _check_ssh(section: Any, where: str) -> dict[str, str]:
         return {}
     if not isinstance(section, dict) or set(section) - set(SSH_KEYS):
         raise ValueError(f"{where}: ssh must be a mapping with keys {', '.join(SSH_KEYS)}")
+    for key, value in section.items():
+        if value is not None and not isinstance(value, str):  # str([1]) is no path
+            raise ValueError(f"{where}: ssh.{key} = {value!r}: use a file path (a string)")
     return {k: str(v) for k, v in section.items() if v}
 
 
@@ -52,12 +55,20 @@ def load(
 ) -> FarmSettings:
     """Merge the sources; ValueError names the missing or malformed setting and the fix."""
     section: dict[str, Any] = dict(invoke_section or {})
+    # An empty value ("$UNSET") is a mistake, never "fall back to the next source".
+    for flag, value in (("--coordinator", coordinator), ("--farm-config", farm_config)):
+        if value is not None and not value.strip():
+            raise ValueError(f"{flag} {value!r} is empty; give a value or leave the flag out")
     if farm_config:
         path = Path(farm_config).expanduser()
         try:
             loaded = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
         except OSError as exc:
             raise ValueError(f"--farm-config {farm_config}: {exc.strerror}") from None
+        except UnicodeDecodeError as exc:
+            raise ValueError(
+                f"--farm-config {farm_config} is not UTF-8 text (byte {exc.start}); give a YAML file"
+            ) from None
         except yaml.YAMLError as exc:
             raise ValueError(f"--farm-config {farm_config} is not valid YAML: {exc}") from None
         if not isinstance(loaded, dict):
@@ -72,8 +83,11 @@ def load(
             "no coordinator: pass --coordinator HOST:PORT, set LG_COORDINATOR, or put "
             "`farm: {coordinator: HOST:PORT}` in invoke.yaml"
         )
-    if not _ADDRESS.match(str(address)):
+    match = _ADDRESS.match(str(address))
+    if not match:
         raise ValueError(f"coordinator {address!r} is not HOST:PORT (e.g. 10.0.0.5:20408)")
+    if not 0 < int(match[2]) < 65536:
+        raise ValueError(f"coordinator {address!r}: port {int(match[2])} is outside 1..65535")
     places = section.get("places") or {}
     if not isinstance(places, dict):
         raise ValueError("farm settings: places must map place names to settings")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -62,6 +63,26 @@ def test_coordinator_comes_from_option_env_then_config(tmp_path, monkeypatch):
     extra.write_text("coordinater: a:1\n")
     with pytest.raises(ValueError, match="unknown key"):
         settings.load("a:1", str(extra), None)
+
+
+@pytest.mark.parametrize(
+    ("coordinator", "farm_config", "text", "message"),
+    [
+        ("a:1", "bin.yaml", None, "bin.yaml is not UTF-8"),
+        ("a:1", "", None, "--farm-config '' is empty"),
+        ("", None, None, "--coordinator '' is empty"),
+        ("a:99999", None, None, "port 99999"),
+        ("a:1", "f.yaml", "ssh: {known_hosts: [1]}\n", "ssh.known_hosts"),
+        ("a:1", "f.yaml", "places: {p: {ssh: {identity: 5}}}\n", "places.p: ssh.identity"),
+    ],
+)
+def test_bad_farm_settings_name_the_problem(tmp_path, coordinator, farm_config, text, message):
+    (tmp_path / "bin.yaml").write_bytes(b"\x00\xfe\xff junk")
+    if text is not None:
+        (tmp_path / "f.yaml").write_text(text)
+    path = str(tmp_path / farm_config) if farm_config else farm_config
+    with pytest.raises(ValueError, match=re.escape(message)):
+        settings.load(coordinator, path, None)
 
 
 def test_per_place_ssh_overrides_the_farm_wide_one(tmp_path):
