@@ -71,6 +71,8 @@ def _job(c, *, mode, coordinator, place, tag, count, farm_config, config, only, 
         prov_section = c.config.get("provision") if hasattr(c, "config") else None
         cfg = config_mod.load(config, dict(prov_section) if prov_section else None)
         steps = plan.select(only, skip, cfg["steps"]["skip"])
+        if artifacts is not None and not artifacts.strip():
+            raise ValueError("--artifacts '' is empty; give a directory or leave the flag out")
         art = Path(artifacts).expanduser() if artifacts else None
         if art is not None and not art.is_dir():
             raise ValueError(f"--artifacts {artifacts} is not a directory")

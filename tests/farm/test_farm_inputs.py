@@ -172,6 +172,10 @@ def test_labgrid_stays_out_of_the_project_environment():
         (["farm.provision", "--place", "a", "--coordinator", "h:1", "--count", ""], "--count ''"),
         (["farm.provision", "--place", "a", "--coordinator", "h:1", "--out", "/proc/x"],
          "--out '/proc/x'"),
+        (["farm.provision", "--place", "a", "--coordinator", "h:1", "--artifacts", ""],
+         "--artifacts '' is empty"),
+        (["farm.provision", "--place", "a", "--coordinator", "h:1", "--config", ""],
+         "--config '' is empty"),
     ],
 )  # fmt: skip
 def test_bad_farm_commands_exit_2_before_touching_the_farm(args, message, tmp_path):
