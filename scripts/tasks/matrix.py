@@ -92,6 +92,8 @@ def matrix_update(c: Context, junit_dir: str | None = None, write: bool = False)
     from scripts.testmatrix.schema import MatrixError
     from scripts.testmatrix.update import main as update_main
 
+    if junit_dir is not None and not junit_dir.strip():
+        raise bad_flag("--junit-dir", junit_dir, "give a directory path (or leave the flag out)")
     try:
         code = update_main(
             matrix_file=ROOT / "matrix.yaml",

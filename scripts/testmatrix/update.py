@@ -23,7 +23,7 @@ import yaml
 from provision import light
 from scripts.testmatrix.capabilities import is_present
 from scripts.testmatrix.plugin import CRASH_TEXT
-from scripts.testmatrix.schema import Matrix, parse
+from scripts.testmatrix.schema import Matrix, MatrixError, parse
 
 
 @dataclass
@@ -47,7 +47,13 @@ def read_junit(junit_dir: Path) -> list[Case]:
     cases: list[Case] = []
     for xml_file in sorted(junit_dir.glob("*.xml")):
         lane = xml_file.stem
-        for case in ET.parse(xml_file).getroot().iter("testcase"):
+        try:
+            root = ET.parse(xml_file).getroot()
+        except ET.ParseError as err:  # cut short or not junit at all: say which file
+            raise MatrixError(
+                str(xml_file), err.position[0], f"not junit XML ({err}); re-run the matrix"
+            ) from None
+        for case in root.iter("testcase"):
             if case.get("classname", "").endswith(".matrix"):
                 # The runner's own records (lane timeout, stale entry, interrupt): infra
                 # problems to fix, never a test failure to declare as expected.
@@ -184,7 +190,14 @@ def main(
         print(f"no junit XML in {junit_dir}; run `invoke test --matrix` first", file=stream)
         return 1
     summary = junit_dir.parent / "summary.json"
-    caps = json.loads(summary.read_text())["capabilities"] if summary.is_file() else None
+    caps = None
+    if summary.is_file():
+        try:
+            caps = json.loads(summary.read_text(encoding="utf-8"))["capabilities"]
+        except (ValueError, KeyError, TypeError):
+            raise MatrixError(
+                str(summary), 0, "not a matrix summary (capabilities missing); re-run the matrix"
+            ) from None
     new_text, notes = propose(matrix, text, read_junit(junit_dir), caps)
     for note in notes:
         print(f"note: {note}", file=stream)

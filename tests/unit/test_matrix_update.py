@@ -109,3 +109,30 @@ def test_no_junit_says_what_to_do(tmp_path: Path) -> None:
     out = io.StringIO()
     assert main(tmp_path / "matrix.yaml", tmp_path / "junit", stream=out) == 1
     assert "run `invoke test --matrix` first" in out.getvalue()
+
+
+@pytest.mark.parametrize("junk", [b"\x00\xfe\xff junk", b"<testsuites><testsuite>"])
+def test_corrupt_junit_or_summary_is_a_matrix_error_naming_the_file(
+    tmp_path: Path, junk: bytes
+) -> None:
+    (tmp_path / "matrix.yaml").write_text(MATRIX)
+    (tmp_path / "junit").mkdir()
+    (tmp_path / "junit" / "unit.xml").write_bytes(junk)
+    with pytest.raises(MatrixError, match="unit.xml"):
+        main(tmp_path / "matrix.yaml", tmp_path / "junit", stream=io.StringIO())
+    (tmp_path / "junit" / "unit.xml").write_text("<testsuites/>")
+    (tmp_path / "summary.json").write_bytes(junk)
+    with pytest.raises(MatrixError, match="summary.json"):
+        main(tmp_path / "matrix.yaml", tmp_path / "junit", stream=io.StringIO())
+
+
+def test_invoke_matrix_update_refuses_an_empty_junit_dir(capsys: pytest.CaptureFixture) -> None:
+    from invoke import Collection, Program
+
+    from scripts.tasks import matrix as matrix_tasks
+
+    ns = Collection()
+    matrix_tasks.register(ns)
+    with pytest.raises(SystemExit) as info:
+        Program(namespace=ns).run(["invoke", "matrix-update", "--junit-dir", ""], exit=True)
+    assert info.value.code == 2 and "--junit-dir ''" in capsys.readouterr().err
