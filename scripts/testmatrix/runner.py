@@ -613,7 +613,12 @@ def failed_last_time(summary_file: Path, matrix: Matrix) -> dict[str, list[str] 
         )
     try:
         summary = json.loads(summary_file.read_text(encoding="utf-8"))
-        return _failed_lanes(summary["lanes"], matrix)
+        selection = _failed_lanes(summary["lanes"], matrix)
+        if summary.get("interrupted"):
+            # Lanes the interrupted run never reached have not passed either: run them whole.
+            reached = {lane["name"] for lane in summary["lanes"]}
+            selection.update({n: None for n in matrix.lanes if n not in reached})
+        return selection
     except (ValueError, KeyError, TypeError, AttributeError):
         # Any shape other than the one run_matrix writes (a hand edit, a cut-short copy).
         raise UsageError(

@@ -458,3 +458,26 @@ def test_interrupt_while_detecting_leaves_no_earlier_green_summary(
         run_matrix(root=root, matrix_file=root / "matrix.yaml", stream=io.StringIO())
     out = root / "out" / "matrix"
     assert not (out / "summary.json").exists() and not (out / "junit" / "u.xml").exists()
+
+
+def test_rerun_failed_after_an_interrupt_also_runs_the_lanes_never_reached(
+    tmp_path: Path,
+) -> None:
+    lanes = LANE.format(name="u", path="tests/u", timeout=60, extra="") + LANE.format(
+        name="v", path="tests/v", timeout=60, extra=""
+    )
+    root = _tree(tmp_path, lanes, {"tests/u/test_u.py": PASSING, "tests/v/test_v.py": PASSING})
+    (root / "out/matrix").mkdir(parents=True)
+    interrupted = {
+        "interrupted": True,
+        "lanes": [
+            {
+                "name": "u",
+                "status": "interrupted",
+                "problems": [{"bucket": "infra-error", "nodeid": "u", "message": "interrupted"}],
+            }
+        ],
+    }
+    (root / "out/matrix/summary.json").write_text(json.dumps(interrupted))
+    code, _, summary = _run(root, rerun_failed=True)
+    assert code == 0 and [lane["name"] for lane in summary["lanes"]] == ["u", "v"]
