@@ -166,6 +166,17 @@ def validate(cfg: dict[str, Any]) -> dict[str, Any]:
     return cfg
 
 
+def invoke_section(value: Any, name: str) -> dict[str, Any] | None:
+    """invoke.yaml's `name:` section as a dict (None when absent); anything else is an error."""
+    if value is None:
+        return None
+    if not hasattr(value, "keys"):  # invoke hands mappings over as DataProxy, not dict
+        raise ConfigError(
+            f"invoke.yaml: the {name} section must be a mapping of keys, got {value!r}"
+        )
+    return dict(value)
+
+
 def load(config_file: str | None = None, invoke_section: dict[str, Any] | None = None) -> dict:
     """Defaults <- invoke.yaml `provision:` section <- --config file; validated."""
     cfg = _read_yaml(DEFAULTS_PATH)

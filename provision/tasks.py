@@ -149,7 +149,7 @@ def _request(c, host, dry, only, skip, artifacts, oe_wheels, config, json, repor
     flag_name = "--json" if json else "--report"
     try:
         section = c.config.get("provision") if hasattr(c, "config") else None
-        cfg = config_mod.load(config, dict(section) if section else None)
+        cfg = config_mod.load(config, config_mod.invoke_section(section, "provision"))
         selected = plan.select(only, skip, cfg["steps"]["skip"])
         specs = multihost.split_hosts(host)
         art_dir = Path(artifacts).expanduser() if artifacts else None

@@ -64,12 +64,12 @@ def _job(c, *, mode, coordinator, place, tag, count, farm_config, config, only, 
 
     try:
         section = c.config.get("farm") if hasattr(c, "config") else None
-        farm = settings.load(coordinator, farm_config, dict(section) if section else None)
+        farm = settings.load(coordinator, farm_config, config_mod.invoke_section(section, "farm"))
         if count is not None and not str(count).strip().isdigit():
             raise ValueError(f"--count {count!r} is not a whole number of places")
         requests = selection.requests(place or [], tag or [], int(count) if count else None)
         prov_section = c.config.get("provision") if hasattr(c, "config") else None
-        cfg = config_mod.load(config, dict(prov_section) if prov_section else None)
+        cfg = config_mod.load(config, config_mod.invoke_section(prov_section, "provision"))
         steps = plan.select(only, skip, cfg["steps"]["skip"])
         if artifacts is not None and not artifacts.strip():
             raise ValueError("--artifacts '' is empty; give a directory or leave the flag out")

@@ -212,3 +212,11 @@ def test_long_details_wrap_instead_of_being_cut() -> None:
     assert "the-last-word-of-a-long-detail" in text
     flowed = " ".join(line.strip() for line in lines[2:]).split("0.0s", 1)[1]
     assert " ".join(flowed.split()) == " ".join(detail.split())
+
+
+@pytest.mark.parametrize("section", ["provision: [1]", "provision: 5"])
+def test_an_invoke_yaml_section_that_is_not_a_mapping_is_bad_input(iso, section) -> None:
+    root, env = iso
+    Path(env["HOME"], ".invoke.yaml").write_text(section + "\n")
+    proc = run_provision(env, "--dry", "--only", "envfile", timeout=120)
+    _one_clear_line(proc, "the provision section must be a mapping")
