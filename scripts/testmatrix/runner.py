@@ -728,9 +728,6 @@ def run_matrix(
             return 0
     # Cleared before detecting (seconds): a Ctrl-C there must not leave the last run's summary.
     _clear_outputs(out_dir, junit_dir, list(matrix.lanes))
-    caps = caps if caps is not None else detect()
-    caps_file = out_dir / "capabilities.json"
-    _atomic_write(caps_file, json.dumps(caps, indent=2))
     results: list[LaneResult] = []
     started = time.time()
     interrupted_lane: str | None = None
@@ -739,7 +736,14 @@ def run_matrix(
     except ValueError:  # not the main thread (an embedding tool): keep its handlers
         previous = None
     try:
-        for lane in selected:
+        if caps is None:
+            try:
+                caps = detect()
+            except KeyboardInterrupt:  # still reported below: summary marked interrupted, 130
+                caps, interrupted_lane = {}, "(detecting capabilities)"
+        caps_file = out_dir / "capabilities.json"
+        _atomic_write(caps_file, json.dumps(caps, indent=2))
+        for lane in [] if interrupted_lane else selected:
             missing = lane.missing(caps)
             if missing:
                 hint = enable_hint(missing)

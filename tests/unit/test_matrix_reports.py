@@ -454,10 +454,13 @@ def test_interrupt_while_detecting_leaves_no_earlier_green_summary(
         raise KeyboardInterrupt
 
     monkeypatch.setattr(runner_mod, "detect", ctrl_c)
-    with pytest.raises(KeyboardInterrupt):
-        run_matrix(root=root, matrix_file=root / "matrix.yaml", stream=io.StringIO())
+    stream = io.StringIO()
+    assert run_matrix(root=root, matrix_file=root / "matrix.yaml", stream=stream) == 130
     out = root / "out" / "matrix"
-    assert not (out / "summary.json").exists() and not (out / "junit" / "u.xml").exists()
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["interrupted"] is True and summary["exit_code"] == 130
+    assert summary["lanes"] == [] and not (out / "junit" / "u.xml").exists()
+    assert "Re-run to resume: invoke test --lane u" in stream.getvalue()
 
 
 def test_rerun_failed_after_an_interrupt_also_runs_the_lanes_never_reached(
