@@ -719,6 +719,8 @@ def run_matrix(
     out_dir = out_dir or root / "out" / "matrix"
     junit_dir = junit_dir or out_dir / "junit"
     _check_outputs(None if json_to_stdout else json_path, junit_dir, out_dir)
+    if json_path is not None and Path(json_path).resolve() == Path(matrix_file).resolve():
+        raise UsageError(f"--json {str(json_path)!r} is the matrix file; choose another path")
     rerun: dict[str, list[str] | None] | None = None
     if rerun_failed:
         rerun = failed_last_time(out_dir / "summary.json", matrix)

@@ -264,6 +264,7 @@ def test_lane_heartbeat_shows_elapsed_and_progress(
         ({"require": ["nope"]}, "--require: unknown lane(s) nope"),
         ({"require": ["other"], "lanes": ["u"]}, "not among the selected lanes"),
         ({"workers": 0}, "--workers 0"),
+        ({"json_path": "matrix.yaml"}, "is the matrix file"),
     ],
 )
 def test_bad_flags_fail_before_any_lane_runs(
