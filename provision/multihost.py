@@ -9,8 +9,6 @@ reported as `unreachable` and the others carry on; the exit code is the worst of
 from __future__ import annotations
 
 import re
-import shutil
-import textwrap
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -314,19 +312,7 @@ def table(results: list[HostResult]) -> str:
                     " ".join(detail.split()),
                 )
             )
-    widths = [max(len(r[i]) for r in rows) for i in range(6)]
-    indent = sum(widths) + 2 * 6
-    # Like the one-host table: a long detail wraps at word boundaries under its column.
-    detail_width = max(40, max(100, shutil.get_terminal_size((120, 24)).columns) - indent)
-    lines = []
-    for i, row in enumerate(rows):
-        head = "  ".join(c.ljust(widths[j]) for j, c in enumerate(row[:6])) + "  "
-        parts = textwrap.wrap(row[6], detail_width, break_long_words=False) or [""]
-        lines.append((head + parts[0]).rstrip())
-        lines += [" " * indent + part for part in parts[1:]]
-        if i == 0:
-            lines.append("  ".join("-" * w for w in widths) + "  " + "-" * 6)
-    return "\n".join(lines)
+    return report_mod.wrapped_table(rows)
 
 
 def summary_lines(results: list[HostResult], combined: Path) -> list[str]:

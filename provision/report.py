@@ -120,15 +120,25 @@ def table(outcomes: list[Outcome], width: int | None = None) -> str:
                 " ".join(detail.split()),
             )
         )
-    widths = [max(len(r[i]) for r in rows) for i in range(5)]
-    indent = sum(widths) + 2 * 5
+    return wrapped_table(rows, width)
+
+
+def wrapped_table(rows: list[tuple[str, ...]], width: int | None = None) -> str:
+    """`rows[0]` is the header; every column but the last is padded, and the last (a free-text
+    detail) wraps at word boundaries under its own column instead of being cut.
+
+    `width` is the line width to wrap to (default: the terminal's, at least 100).
+    """
+    fixed = len(rows[0]) - 1
+    widths = [max(len(r[i]) for r in rows) for i in range(fixed)]
+    indent = sum(widths) + 2 * fixed
     if width is None:
         width = max(100, shutil.get_terminal_size((120, 24)).columns)
     detail_width = max(40, width - indent)
     lines = []
     for i, row in enumerate(rows):
-        head = "  ".join(c.ljust(widths[j]) for j, c in enumerate(row[:5])) + "  "
-        parts = textwrap.wrap(row[5], detail_width, break_long_words=False) or [""]
+        head = "  ".join(c.ljust(widths[j]) for j, c in enumerate(row[:fixed])) + "  "
+        parts = textwrap.wrap(row[fixed], detail_width, break_long_words=False) or [""]
         lines.append((head + parts[0]).rstrip())
         lines += [" " * indent + part for part in parts[1:]]
         if i == 0:
