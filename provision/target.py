@@ -270,12 +270,27 @@ def _load_known_hosts(client: object, path: str) -> None:
 
     try:
         client.load_host_keys(path)  # type: ignore[attr-defined]
-    except (paramiko.SSHException, ValueError, UnicodeDecodeError) as exc:
+    except (paramiko.SSHException, ValueError, UnicodeDecodeError, OSError) as exc:
         raise TargetInputError(
             f"known_hosts file {path} cannot be read ({type(exc).__name__}: {exc}); "
             "remove the bad lines (ssh-keygen -R HOST -f FILE) or point ssh.known_hosts "
             "elsewhere"
         ) from None
+
+
+def check_ssh_files(identity: str | None, known_hosts: str | None) -> None:
+    """The configured identity and known_hosts files are usable (TargetInputError if not).
+
+    Run once before several hosts are provisioned in parallel, so a junk file is one input
+    error (exit 2) instead of every host reported unreachable.
+    """
+    import paramiko
+
+    if identity:
+        _check_identity(os.path.expanduser(identity))
+    for path in [known_hosts, "~/.ssh/known_hosts"]:  # the files SshTarget loads
+        if path and os.path.exists(os.path.expanduser(path)):
+            _load_known_hosts(paramiko.SSHClient(), os.path.expanduser(path))
 
 
 class SshTarget:

@@ -19,7 +19,15 @@ from provision import facts as facts_mod
 from provision import multihost, pipeline, plan
 from provision import report as report_mod
 from provision.context import Options
-from provision.target import HostSpec, LocalTarget, SshTarget, TargetError, TargetInputError, q
+from provision.target import (
+    HostSpec,
+    LocalTarget,
+    SshTarget,
+    TargetError,
+    TargetInputError,
+    check_ssh_files,
+    q,
+)
 from scripts import outpaths
 from scripts.tasks.cli import CliTask, sigterm_as_interrupt, write_json
 
@@ -171,6 +179,10 @@ def _request(c, host, dry, only, skip, artifacts, oe_wheels, config, json, repor
 
 
 def _provision_several(req: _Request, insecure_host_key: bool) -> None:
+    try:
+        check_ssh_files(req.cfg["ssh"]["identity"] or None, req.cfg["ssh"]["known_hosts"] or None)
+    except TargetInputError as exc:
+        raise _bad_input(str(exc)) from exc
     out_dir = Path(req.json_flag).parent if req.json_flag else REPORT_DIR
     code = multihost.run_cli(
         req.specs,

@@ -220,3 +220,26 @@ def test_an_invoke_yaml_section_that_is_not_a_mapping_is_bad_input(iso, section)
     Path(env["HOME"], ".invoke.yaml").write_text(section + "\n")
     proc = run_provision(env, "--dry", "--only", "envfile", timeout=120)
     _one_clear_line(proc, "the provision section must be a mapping")
+
+
+@pytest.mark.parametrize("hosts", ["root@127.0.0.1:1", "root@127.0.0.1:1,root@127.0.0.1:2"])
+@pytest.mark.parametrize(
+    ("key", "kind", "needle"),
+    [
+        ("known_hosts", "dir", "known_hosts file"),
+        ("identity", "junk", "is not an OpenSSH/PEM private key"),
+        ("known_hosts", "junk", "known_hosts file"),
+    ],
+)
+def test_bad_ssh_files_are_bad_input_for_one_or_several_hosts(
+    iso, hosts, key, kind, needle
+) -> None:
+    root, env = iso
+    junk = root / "junk"
+    junk.write_bytes(b"\xfb\x00\xff not a key or known_hosts line")
+    path = root if kind == "dir" else junk
+    cfg = _ssh_config(root, **{key: str(path)})
+    report = root / "out" / "r.json"
+    proc = run_provision(env, "-H", hosts, "--dry", "--config", str(cfg), "--json", str(report),
+                         timeout=120)  # fmt: skip
+    _one_clear_line(proc, needle)
