@@ -6,7 +6,6 @@ checked again on the target after the copy.
 
 from __future__ import annotations
 
-import hashlib
 import shlex
 import urllib.request
 from pathlib import Path
@@ -19,12 +18,7 @@ from provision.results import StepError
 atomic = light.load("atomic")
 
 
-def sha256_of(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
+sha256_of = atomic.sha256_file
 
 
 def locate(ctx: Context, pin: dict[str, Any]) -> Path | None:

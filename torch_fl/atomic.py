@@ -4,11 +4,13 @@ The data goes to a temporary file in the same directory (a rename is only atomic
 file system) which is renamed over the destination when complete; on any failure, Ctrl-C
 included, the temporary file is removed and the destination is untouched. Standard library only,
 importing nothing from torch_fl: provisioning and scripts/ use it too (provision/light.py).
+`sha256_file` lives here too: it is how those same writers prove a file is the one they wrote.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import secrets
 from collections.abc import Iterator
@@ -49,3 +51,12 @@ def write_bytes(path: str | os.PathLike[str], data: bytes, mode: int | None = No
 def write_text(path: str | os.PathLike[str], text: str, mode: int | None = None) -> None:
     """Write `text` (UTF-8) to `path` atomically."""
     write_bytes(path, text.encode("utf-8"), mode)
+
+
+def sha256_file(path: str | os.PathLike[str]) -> str:
+    """The hex sha256 of a file's content, read in 1 MiB blocks (artifacts can be large)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()

@@ -111,14 +111,6 @@ def _valid_manifest(meta: object, key: str) -> str:
     return ""
 
 
-def _sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 @dataclass(frozen=True)
 class Artifact:
     """A verified cache entry."""
@@ -179,7 +171,10 @@ class ArtifactCache:
         for name, info in meta["files"].items():
             path = directory / name
             try:
-                ok = path.stat().st_size == info["size"] and _sha256_file(path) == info["sha256"]
+                ok = (
+                    path.stat().st_size == info["size"]
+                    and atomic.sha256_file(path) == info["sha256"]
+                )
             except OSError:
                 ok = False
             if not ok:
