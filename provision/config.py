@@ -41,25 +41,27 @@ def deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _read_yaml(path: Path) -> dict[str, Any]:
+def read_yaml_mapping(path: Path, label: str = "config file") -> dict[str, Any]:
+    """A YAML file holding a mapping (empty: {}). Each way it can be wrong is one ConfigError
+    naming `label` (how the user knows the file: "config file", "--farm-config") and the path."""
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
     except FileNotFoundError as exc:
-        raise ConfigError(f"config file {path} does not exist; fix the --config path") from exc
+        raise ConfigError(f"{label} {path} does not exist; fix the path") from exc
     except IsADirectoryError as exc:
-        raise ConfigError(f"config file {path} is a directory; give the YAML file") from exc
+        raise ConfigError(f"{label} {path} is a directory; give the YAML file") from exc
     except UnicodeDecodeError as exc:
         raise ConfigError(
-            f"config file {path} is not UTF-8 text (byte {exc.start}); give a YAML file"
+            f"{label} {path} is not UTF-8 text (byte {exc.start}); give a YAML file"
         ) from exc
     except OSError as exc:
-        raise ConfigError(f"config file {path} cannot be read ({exc.strerror})") from exc
+        raise ConfigError(f"{label} {path} cannot be read ({exc.strerror})") from exc
     except yaml.YAMLError as exc:
-        raise ConfigError(f"config file {path} is not valid YAML: {exc}") from exc
+        raise ConfigError(f"{label} {path} is not valid YAML: {exc}") from exc
     if data is None:
         return {}
     if not isinstance(data, dict):
-        raise ConfigError(f"config file {path} must hold a mapping at top level")
+        raise ConfigError(f"{label} {path} must hold a mapping at top level")
     return data
 
 
@@ -179,7 +181,7 @@ def invoke_section(value: Any, name: str) -> dict[str, Any] | None:
 
 def load(config_file: str | None = None, invoke_section: dict[str, Any] | None = None) -> dict:
     """Defaults <- invoke.yaml `provision:` section <- --config file; validated."""
-    cfg = _read_yaml(DEFAULTS_PATH)
+    cfg = read_yaml_mapping(DEFAULTS_PATH)
     defaults = copy.deepcopy(cfg)
     if invoke_section:
         check_keys(dict(invoke_section), defaults, "invoke.yaml provision section")
@@ -189,7 +191,7 @@ def load(config_file: str | None = None, invoke_section: dict[str, Any] | None =
             # An empty value ("$UNSET") must not quietly mean "the packaged defaults".
             raise ConfigError("--config '' is empty; give the YAML file (or leave the flag out)")
         path = Path(config_file).expanduser()
-        over = _read_yaml(path)
+        over = read_yaml_mapping(path)
         check_keys(over, defaults, f"config file {path}")
         cfg = deep_merge(cfg, over)
     return validate(cfg)

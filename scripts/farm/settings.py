@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
+from provision.config import ConfigError, read_yaml_mapping
 
 _ADDRESS = re.compile(r"^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._-]+):(\d{1,5})$")
 SSH_KEYS = ("identity", "known_hosts")
@@ -62,17 +62,9 @@ def load(
     if farm_config:
         path = Path(farm_config).expanduser()
         try:
-            loaded = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-        except OSError as exc:
-            raise ValueError(f"--farm-config {farm_config}: {exc.strerror}") from None
-        except UnicodeDecodeError as exc:
-            raise ValueError(
-                f"--farm-config {farm_config} is not UTF-8 text (byte {exc.start}); give a YAML file"
-            ) from None
-        except yaml.YAMLError as exc:
-            raise ValueError(f"--farm-config {farm_config} is not valid YAML: {exc}") from None
-        if not isinstance(loaded, dict):
-            raise ValueError(f"--farm-config {farm_config} must hold a mapping")
+            loaded = read_yaml_mapping(path, "--farm-config")
+        except ConfigError as exc:
+            raise ValueError(str(exc)) from None
         section.update(loaded)
     unknown = set(section) - {"coordinator", "ssh", "places"}
     if unknown:
