@@ -169,3 +169,13 @@ def test_uncached_artifact_leaves_no_temporary_dir(x86, monkeypatch, tmp_path, e
         compile_bpu(model, executor=executor, compile_artifact="always", cache=False)(x)
     assert reps[0].runtimes[0].last_build.compiled
     assert not list(scratch.glob("torch-fl-bpu-*")), "uncached .hbm left behind"
+
+
+def test_long_compile_prints_a_heartbeat(x86, monkeypatch, capfd):
+    """A compile that runs for a while says so on stderr, with its elapsed time."""
+    info = x86(fail="timeout", emulated=True)
+    monkeypatch.setenv("TORCH_FL_HEARTBEAT_S", "0.5")
+    with pytest.raises(CompileError, match="timed out"):
+        compile_onnx(_onnx_bytes(), info, "nash-e", 2, 3)
+    err = capfd.readouterr().err
+    assert "[hbdk4 compile (emulated, nash-e)]" in err and "elapsed" in err

@@ -15,6 +15,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from torch_fl._progress import Heartbeat
 from torch_fl.bpu.drivers.discovery import CompilerInfo, clean_env
 from torch_fl.bpu.errors import CompileError
 
@@ -69,7 +70,10 @@ def compile_onnx(
                 start_new_session=True,  # a terminal's Ctrl-C reaches us, not the compiler
             )
         try:
-            proc.wait(timeout=timeout_s)
+            # An emulated compile can take many minutes: say it is alive, on stderr (one line
+            # per ~30 s in a log, a live line on a terminal).
+            with Heartbeat(f"hbdk4 compile ({info.kind}, {march})"):
+                proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
             _stop(proc)
             raise CompileError(
