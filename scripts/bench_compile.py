@@ -73,6 +73,27 @@ def child_compile(cache_dir: str, size: int) -> None:
     )
 
 
+def _partition_args(rt, call) -> list:
+    """The arguments the compiled model hands partition `rt` (inputs and weights), captured
+    from one real call, so a benchmark can time the partition layer and its executor alone."""
+    import torch
+
+    run = rt._exec
+    captured: dict = {}
+
+    def capture(partition_args):
+        captured["args"] = list(partition_args)
+        return run(partition_args)
+
+    rt._exec = capture
+    try:
+        with torch.no_grad():
+            call()
+    finally:
+        rt._exec = run
+    return captured["args"]
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", default=str(ROOT / "out" / "bench_compile.json"))
@@ -104,17 +125,7 @@ def main() -> int:
         comp(xl)
     rt = reps[0].runtimes[0]
     run = rt._exec
-    captured: dict = {}
-
-    def capture(partition_args):
-        captured["args"] = list(partition_args)
-        return run(partition_args)
-
-    rt._exec = capture
-    with torch.no_grad():
-        comp(xl)
-    rt._exec = run
-    pargs = captured["args"]
+    pargs = _partition_args(rt, lambda: comp(xl))
     with torch.no_grad():
         full = _median_ms(lambda: comp(xl), 2000, 50)
         t_exec = _median_ms(lambda: run(pargs), 2000, 50)
@@ -146,17 +157,7 @@ def main() -> int:
         comp18(x18)
     rt18 = reps[0].runtimes[0]
     sim18 = rt18._exec
-    captured = {}
-
-    def capture18(partition_args):
-        captured["args"] = list(partition_args)
-        return sim18(partition_args)
-
-    rt18._exec = capture18
-    with torch.no_grad():
-        comp18(x18)
-    rt18._exec = sim18
-    pargs18 = captured["args"]
+    pargs18 = _partition_args(rt18, lambda: comp18(x18))
     feed = dict(sim18._weight_feed(pargs18))
     for name, pos in sim18._inputs:
         feed[name] = pargs18[pos].numpy()
