@@ -16,6 +16,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -325,6 +326,14 @@ def _classify(
 # -- junit --------------------------------------------------------------------------------------
 
 
+# Characters XML 1.0 cannot hold (colour codes, NUL): written as \xNN so the file stays junit.
+_NOT_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff\ufffe\uffff]")
+
+
+def _xml_safe(text: str) -> str:
+    return _NOT_XML.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
+
+
 def _case_ids(case: ET.Element) -> set[str]:
     ids = {p.get("value", "") for p in case.iter("property") if p.get("name") == "nodeid"}
     ids.add(f"{case.get('classname', '')}::{case.get('name', '')}")
@@ -390,6 +399,10 @@ def _finish_junit(
         ET.SubElement(props, "property", name="nodeid", value=problem["nodeid"])
         ET.SubElement(case, "error", message=problem["message"][:200]).text = problem["message"]
         known.add(problem["nodeid"])
+    for element in tree.iter():
+        element.text = _xml_safe(element.text) if element.text else element.text
+        for key, value in element.attrib.items():
+            element.set(key, _xml_safe(value))
     cases = list(suite.iter("testcase"))
     suite.set("tests", str(len(cases)))
     suite.set("failures", str(sum(1 for c in cases if c.find("failure") is not None)))

@@ -485,3 +485,23 @@ def test_rerun_failed_after_an_interrupt_also_runs_the_lanes_never_reached(
     (root / "out/matrix/summary.json").write_text(json.dumps(interrupted))
     code, _, summary = _run(root, rerun_failed=True)
     assert code == 0 and [lane["name"] for lane in summary["lanes"]] == ["u", "v"]
+
+
+def test_rebuilt_junit_stays_valid_xml_with_control_characters(tmp_path: Path) -> None:
+    # A lane killed by its timeout gets its junit rebuilt from the per-test records; a failure
+    # message holding control characters (colour codes, NUL) must not make the XML unreadable.
+    test = (
+        "import time\n\ndef test_bad():\n    assert False, 'ctl \\x01\\x1b[31m red \\x00 nul'\n\n"
+        "def test_hang():\n    time.sleep(60)\n"
+    )
+    root = _tree(
+        tmp_path,
+        LANE.format(name="c", path="tests/c", timeout=8, extra=""),
+        {"tests/c/test_c.py": test},
+    )
+    code, _, _ = _run(root)
+    assert code == 1
+    suite = ET.parse(root / "out/matrix/junit/c.xml").getroot().find("testsuite")
+    assert suite is not None and suite.get("failures") == "1" and suite.get("errors") == "2"
+    failure = suite.find("testcase/failure")
+    assert failure is not None and "red" in failure.get("message", "")
