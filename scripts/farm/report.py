@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from scripts.testmatrix.runner import make_xml_safe
+
 SCHEMA = "torch-fl/farm-report/1"
 BAD_BUCKETS = ("failed", "unexpected-pass", "infra-error")
 # facts worth carrying into junit properties and the table
@@ -179,6 +181,7 @@ def write(
     """Write farm.json and junit.xml under out_dir; return (exit code, json path, junit path)."""
     code = 0 if rows and all(r["verdict"] == "ok" for r in rows) else 1
     junit_root = merged_junit(outcomes, rows)
+    make_xml_safe(junit_root)  # a board's messages may hold colour codes or NUL
     junit_path = out_dir / "junit.xml"
     _atomic(junit_path, ET.tostring(junit_root, encoding="unicode"))
     doc = {

@@ -334,6 +334,14 @@ def _xml_safe(text: str) -> str:
     return _NOT_XML.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
 
 
+def make_xml_safe(tree: ET.Element) -> None:
+    """Rewrite every text and attribute of `tree` in place so it serializes as valid XML."""
+    for element in tree.iter():
+        element.text = _xml_safe(element.text) if element.text else element.text
+        for key, value in element.attrib.items():
+            element.set(key, _xml_safe(value))
+
+
 def _case_ids(case: ET.Element) -> set[str]:
     ids = {p.get("value", "") for p in case.iter("property") if p.get("name") == "nodeid"}
     ids.add(f"{case.get('classname', '')}::{case.get('name', '')}")
@@ -399,10 +407,7 @@ def _finish_junit(
         ET.SubElement(props, "property", name="nodeid", value=problem["nodeid"])
         ET.SubElement(case, "error", message=problem["message"][:200]).text = problem["message"]
         known.add(problem["nodeid"])
-    for element in tree.iter():
-        element.text = _xml_safe(element.text) if element.text else element.text
-        for key, value in element.attrib.items():
-            element.set(key, _xml_safe(value))
+    make_xml_safe(tree)
     cases = list(suite.iter("testcase"))
     suite.set("tests", str(len(cases)))
     suite.set("failures", str(sum(1 for c in cases if c.find("failure") is not None)))

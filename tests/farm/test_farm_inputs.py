@@ -6,6 +6,7 @@ import importlib.util
 import re
 import subprocess
 import sys
+import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
@@ -119,6 +120,16 @@ def test_lane_verdicts(summary, verdict):
     outcome = PlaceOutcome(label="p", place="p", summary=summary)
     (row,) = lane_rows(outcome, ["smoke"])
     assert row["verdict"] == verdict, row
+
+
+def test_merged_junit_stays_valid_xml_when_a_board_says_control_characters(tmp_path):
+    from scripts.farm import report
+
+    outcome = PlaceOutcome(label="p", place="p", summary=None)
+    outcome.infra("board said \x1b[31mERROR\x1b[0m \x00 and hung up")
+    _, _, junit = report.write([outcome], lane_rows(outcome, ["smoke"]), tmp_path, {})
+    error = ET.parse(junit).getroot().find("testsuite/testcase/error")
+    assert error is not None and "ERROR" in error.get("message", "")
 
 
 def test_a_place_error_overrides_a_green_lane():
