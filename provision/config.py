@@ -57,7 +57,8 @@ def read_yaml_mapping(path: Path, label: str = "config file") -> dict[str, Any]:
     except OSError as exc:
         raise ConfigError(f"{label} {path} cannot be read ({exc.strerror})") from exc
     except yaml.YAMLError as exc:
-        raise ConfigError(f"{label} {path} is not valid YAML: {exc}") from exc
+        where = " ".join(str(exc).split())  # PyYAML's text spans lines; the error is one
+        raise ConfigError(f"{label} {path} is not valid YAML: {where}") from exc
     if data is None:
         return {}
     if not isinstance(data, dict):

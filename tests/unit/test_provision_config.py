@@ -47,8 +47,9 @@ def test_config_file_errors(tmp_path):
         c.load(str(tmp_path / "missing.yaml"))
     bad = tmp_path / "bad.yaml"
     bad.write_text("policy: [unclosed\n")
-    with pytest.raises(c.ConfigError, match="not valid YAML"):
+    with pytest.raises(c.ConfigError, match="not valid YAML") as info:
         c.load(str(bad))
+    assert "\n" not in str(info.value)  # one line, like every other input error
 
 
 def test_parse_host():
