@@ -182,41 +182,28 @@ def _log_tail(log: Path) -> str:
     return lines[-1][:300] if lines else "(no output)"
 
 
-def run_pytest_lane(
+def _unmet_precondition(lane: Lane, root: Path, workers: int) -> str:
+    """Why the lane cannot start at all (an infra-error), or ""."""
+    missing_paths = [p for p in lane.paths if not (root / p).exists()]
+    if missing_paths:
+        return f"lane path(s) missing: {', '.join(missing_paths)}"
+    if workers > 1 and importlib.util.find_spec("xdist") is None:
+        return "missing tool: pytest-xdist (pip install it)"
+    if lane.test_timeout and importlib.util.find_spec("pytest_timeout") is None:
+        return "missing tool: pytest-timeout (pip install it)"
+    return ""
+
+
+def _pytest_command(
     lane: Lane,
     matrix_file: Path,
     root: Path,
     caps_file: Path,
-    out_dir: Path,
-    junit_dir: Path,
-    workers: int | None = None,
-    stream: TextIO | None = None,
-    nodeids: list[str] | None = None,
-) -> LaneResult:
-    """Run one lane (or only `nodeids` of it); a Ctrl-C/SIGTERM returns status "interrupted"."""
-    workers = workers or lane.workers
-    result = LaneResult(lane.name, "ran", workers=workers, selected=list(nodeids or []))
-    start = time.monotonic()
-    junit = junit_dir / f"{lane.name}.xml"
-    missing_paths = [p for p in lane.paths if not (root / p).exists()]
-    if missing_paths:
-        result.add("infra-error", lane.name, f"lane path(s) missing: {', '.join(missing_paths)}")
-        _finish_junit(result, junit)
-        return result
-    if workers > 1 and importlib.util.find_spec("xdist") is None:
-        result.add("infra-error", lane.name, "missing tool: pytest-xdist (pip install it)")
-        _finish_junit(result, junit)
-        return result
-    if lane.test_timeout and importlib.util.find_spec("pytest_timeout") is None:
-        result.add("infra-error", lane.name, "missing tool: pytest-timeout (pip install it)")
-        _finish_junit(result, junit)
-        return result
-    results_file = out_dir / "results" / f"{lane.name}.jsonl"
-    results_file.parent.mkdir(parents=True, exist_ok=True)
-    results_file.unlink(missing_ok=True)
-    junit_dir.mkdir(parents=True, exist_ok=True)
-    log = out_dir / "logs" / f"{lane.name}.log"
-    log.parent.mkdir(parents=True, exist_ok=True)
+    results_file: Path,
+    junit: Path,
+    workers: int,
+    nodeids: list[str] | None,
+) -> list[str]:
     cmd = [
         sys.executable, "-m", "pytest", "-p", "scripts.testmatrix.plugin",
         "--matrix-file", str(matrix_file), "--matrix-lane", lane.name,
@@ -237,6 +224,37 @@ def run_pytest_lane(
         cmd += ["--matrix-subset", *nodeids]
     else:
         cmd += lane.paths
+    return cmd
+
+
+def run_pytest_lane(
+    lane: Lane,
+    matrix_file: Path,
+    root: Path,
+    caps_file: Path,
+    out_dir: Path,
+    junit_dir: Path,
+    workers: int | None = None,
+    stream: TextIO | None = None,
+    nodeids: list[str] | None = None,
+) -> LaneResult:
+    """Run one lane (or only `nodeids` of it); a Ctrl-C/SIGTERM returns status "interrupted"."""
+    workers = workers or lane.workers
+    result = LaneResult(lane.name, "ran", workers=workers, selected=list(nodeids or []))
+    start = time.monotonic()
+    junit = junit_dir / f"{lane.name}.xml"
+    unmet = _unmet_precondition(lane, root, workers)
+    if unmet:
+        result.add("infra-error", lane.name, unmet)
+        _finish_junit(result, junit)
+        return result
+    results_file = out_dir / "results" / f"{lane.name}.jsonl"
+    results_file.parent.mkdir(parents=True, exist_ok=True)
+    results_file.unlink(missing_ok=True)
+    junit_dir.mkdir(parents=True, exist_ok=True)
+    log = out_dir / "logs" / f"{lane.name}.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    cmd = _pytest_command(lane, matrix_file, root, caps_file, results_file, junit, workers, nodeids)
     timed_out = interrupted = False
     beat = progress.heartbeat(f"matrix {lane.name}", stream=stream or sys.stdout)
     with open(log, "wb") as log_fh, beat:
@@ -677,6 +695,171 @@ def _check_outputs(json_path: Path | None, junit_dir: Path, out_dir: Path) -> No
             raise UsageError(f"{flag} {str(path)!r}: {problem}")
 
 
+def _required_lanes(matrix: Matrix, selected: list[Lane], require: list[str] | None) -> list[str]:
+    """The lanes `--require` names (comma lists allowed), each known and selected."""
+    required = [n.strip() for item in require or [] for n in item.split(",") if n.strip()]
+    if require is not None and not required:
+        raise UsageError(f"--require {','.join(require)!r}: name at least one lane")
+    unknown = [n for n in required if n not in matrix.lanes]
+    if unknown:
+        raise UsageError(
+            f"--require: unknown lane(s) {', '.join(unknown)}; known: {', '.join(matrix.lanes)}"
+        )
+    unselected = [n for n in required if n not in {lane.name for lane in selected}]
+    if unselected:
+        raise UsageError(
+            f"--require {', '.join(unselected)}: not among the selected lanes; add it to --lane"
+        )
+    return required
+
+
+def _check_workers(workers: int | None) -> None:
+    if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int)):
+        raise UsageError(f"--workers {workers!r}: use a whole number >= 1")
+    if workers is not None and workers < 1:
+        raise UsageError(f"--workers {workers}: use a whole number >= 1")
+
+
+def _run_lanes(
+    selected: list[Lane],
+    results: list[LaneResult],
+    caps: dict[str, Any],
+    caps_file: Path,
+    matrix_file: Path,
+    root: Path,
+    out_dir: Path,
+    junit_dir: Path,
+    workers: int | None,
+    rerun: dict[str, list[str] | None] | None,
+    stream: TextIO,
+) -> str | None:
+    """Run each lane in turn, appending to `results`; the name of the lane a Ctrl-C/SIGTERM
+    interrupted, or None."""
+    for lane in selected:
+        missing = lane.missing(caps)
+        if missing:
+            hint = enable_hint(missing)
+            results.append(LaneResult(lane.name, "not-run", missing=missing, enable=hint))
+            print(f"[matrix] {lane.name}: {_not_run_text(missing, hint)}", file=stream)
+            continue
+        subset = rerun.get(lane.name) if rerun else None
+        print(
+            f"[matrix] {lane.name}: running ({workers or lane.workers} worker(s))"
+            + (f", {len(subset)} test(s) that failed last time" if subset else "")
+            + " ...",
+            file=stream,
+            flush=True,
+        )
+        try:
+            if lane.kind == "ruff":
+                res = run_ruff_lane(lane, root, out_dir, junit_dir)
+            else:
+                res = run_pytest_lane(
+                    lane,
+                    matrix_file.resolve(),
+                    root,
+                    caps_file,
+                    out_dir,
+                    junit_dir,
+                    workers,
+                    stream=stream,
+                    nodeids=subset,
+                )
+        except KeyboardInterrupt:
+            res = LaneResult(lane.name, "interrupted")
+            res.add("infra-error", lane.name, "interrupted (Ctrl-C/SIGTERM)")
+            _finish_junit(res, junit_dir / f"{lane.name}.xml")
+        results.append(res)
+        if res.status == "interrupted":
+            return lane.name
+    return None
+
+
+def _fail_required_not_run(results: list[LaneResult], required: list[str], junit_dir: Path) -> None:
+    """A required lane that could not run is an infra-error, never "not run"."""
+    for name in required:
+        res = next((r for r in results if r.name == name), None)
+        if res is not None and res.status == "not-run":
+            res.status = "ran"
+            res.add(
+                "infra-error",
+                name,
+                f"required lane cannot run here: missing {', '.join(res.missing)}"
+                + (f"; enable: {res.enable}" if res.enable else ""),
+            )
+            _finish_junit(res, junit_dir / f"{name}.xml")
+
+
+def _write_reports(
+    results: list[LaneResult],
+    code: int,
+    caps: dict[str, Any] | None,
+    platform_name: str,
+    started: float,
+    interrupted_lane: str | None,
+    rerun_failed: bool,
+    out_dir: Path,
+    json_path: Path | None,
+    json_to_stdout: bool,
+    stream: TextIO,
+) -> None:
+    """summary.json (and --json), summary.md and $GITHUB_STEP_SUMMARY."""
+    summary = {
+        "platform": platform_name,
+        "capabilities": caps,
+        "started": started,
+        "duration_s": time.time() - started,
+        "exit_code": code,
+        "interrupted": interrupted_lane is not None,
+        "interrupted_lane": interrupted_lane,
+        "rerun_failed": rerun_failed,
+        "lanes": [asdict(r) for r in results],
+    }
+    text = json.dumps(summary, indent=2)
+    _atomic_write(out_dir / "summary.json", text)
+    if json_to_stdout:
+        print(text, file=_PipeSafe(sys.stdout), flush=True)
+    elif json_path is not None:
+        _atomic_write(json_path, text)
+    markdown = format_markdown(results, code, platform_name)
+    _atomic_write(out_dir / "summary.md", markdown)
+    step_summary = os.environ.get("GITHUB_STEP_SUMMARY")
+    if step_summary:
+        try:
+            with open(step_summary, "a", encoding="utf-8") as fh:
+                fh.write(markdown)
+        except OSError as err:
+            print(f"[matrix] cannot append to $GITHUB_STEP_SUMMARY: {err}", file=stream)
+
+
+def _platform_caps(
+    platform: str | None, caps: dict[str, Any] | None, matrix_file: Path
+) -> tuple[dict[str, Any] | None, str]:
+    """The capabilities to plan with and where they come from: a forced profile, the caller's,
+    or (None) detected on this machine when the run starts."""
+    if platform is not None:
+        try:
+            return profile(platform), platform
+        except KeyError as err:
+            raise MatrixError(str(matrix_file), 0, str(err.args[0])) from None
+    if caps is not None:
+        return caps, "given"  # callers that already know (tests, a wrapping tool)
+    return None, "detected"
+
+
+def _print_resume(
+    results: list[LaneResult], selected: list[Lane], interrupted_lane: str, stream: TextIO
+) -> None:
+    done = [r.name for r in results if r.status == "ran"]
+    remaining = [lane.name for lane in selected if lane.name not in done]
+    print(
+        f"[matrix] interrupted during {interrupted_lane}; finished: "
+        f"{', '.join(done) or 'none'}; not finished: {', '.join(remaining)}. "
+        f"Re-run to resume: invoke test --lane {','.join(remaining)}",
+        file=stream,
+    )
+
+
 def run_matrix(
     root: Path,
     matrix_file: Path,
@@ -703,32 +886,9 @@ def run_matrix(
     if lanes is not None and not [n for item in lanes for n in item.split(",") if n.strip()]:
         raise UsageError(f"--lane {','.join(lanes)!r}: name at least one lane (--list shows them)")
     selected = select_lanes(matrix, lanes)
-    required = [n.strip() for item in require or [] for n in item.split(",") if n.strip()]
-    if require is not None and not required:
-        raise UsageError(f"--require {','.join(require)!r}: name at least one lane")
-    unknown = [n for n in required if n not in matrix.lanes]
-    if unknown:
-        raise UsageError(
-            f"--require: unknown lane(s) {', '.join(unknown)}; known: {', '.join(matrix.lanes)}"
-        )
-    unselected = [n for n in required if n not in {lane.name for lane in selected}]
-    if unselected:
-        raise UsageError(
-            f"--require {', '.join(unselected)}: not among the selected lanes; add it to --lane"
-        )
-    if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int)):
-        raise UsageError(f"--workers {workers!r}: use a whole number >= 1")
-    if workers is not None and workers < 1:
-        raise UsageError(f"--workers {workers}: use a whole number >= 1")
-    if platform is not None:
-        try:
-            caps, platform_name = profile(platform), platform
-        except KeyError as err:
-            raise MatrixError(str(matrix_file), 0, str(err.args[0])) from None
-    elif caps is not None:
-        platform_name = "given"  # callers that already know (tests, a wrapping tool)
-    else:
-        caps, platform_name = None, "detected"
+    required = _required_lanes(matrix, selected, require)
+    _check_workers(workers)
+    caps, platform_name = _platform_caps(platform, caps, matrix_file)
     if list_only or platform is not None:
         # A forced profile describes another machine: show what would happen there, run nothing.
         caps = caps if caps is not None else detect()
@@ -763,101 +923,29 @@ def run_matrix(
                 caps, interrupted_lane = {}, "(detecting capabilities)"
         caps_file = out_dir / "capabilities.json"
         _atomic_write(caps_file, json.dumps(caps, indent=2))
-        for lane in [] if interrupted_lane else selected:
-            missing = lane.missing(caps)
-            if missing:
-                hint = enable_hint(missing)
-                results.append(LaneResult(lane.name, "not-run", missing=missing, enable=hint))
-                print(f"[matrix] {lane.name}: {_not_run_text(missing, hint)}", file=stream)
-                continue
-            subset = rerun.get(lane.name) if rerun else None
-            print(
-                f"[matrix] {lane.name}: running ({workers or lane.workers} worker(s))"
-                + (f", {len(subset)} test(s) that failed last time" if subset else "")
-                + " ...",
-                file=stream,
-                flush=True,
-            )
-            try:
-                if lane.kind == "ruff":
-                    res = run_ruff_lane(lane, root, out_dir, junit_dir)
-                else:
-                    res = run_pytest_lane(
-                        lane,
-                        matrix_file.resolve(),
-                        root,
-                        caps_file,
-                        out_dir,
-                        junit_dir,
-                        workers,
-                        stream=stream,
-                        nodeids=subset,
-                    )
-            except KeyboardInterrupt:
-                res = LaneResult(lane.name, "interrupted")
-                res.add("infra-error", lane.name, "interrupted (Ctrl-C/SIGTERM)")
-                _finish_junit(res, junit_dir / f"{lane.name}.xml")
-            results.append(res)
-            if res.status == "interrupted":
-                interrupted_lane = lane.name
-                break
+        if not interrupted_lane:
+            interrupted_lane = _run_lanes(
+                selected, results, caps, caps_file, matrix_file, root, out_dir, junit_dir,
+                workers, rerun, stream,
+            )  # fmt: skip
     except KeyboardInterrupt:
         interrupted_lane = interrupted_lane or "(between lanes)"
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
     if interrupted_lane is None:
-        for name in required:
-            res = next((r for r in results if r.name == name), None)
-            if res is not None and res.status == "not-run":
-                res.status = "ran"
-                res.add(
-                    "infra-error",
-                    name,
-                    f"required lane cannot run here: missing {', '.join(res.missing)}"
-                    + (f"; enable: {res.enable}" if res.enable else ""),
-                )
-                _finish_junit(res, junit_dir / f"{name}.xml")
+        _fail_required_not_run(results, required, junit_dir)
     print(format_table(results), file=stream)
     problems = format_problems(results)
     if problems:
         print(problems, file=stream)
     if interrupted_lane is not None:
-        done = [r.name for r in results if r.status == "ran"]
-        remaining = [lane.name for lane in selected if lane.name not in done]
-        print(
-            f"[matrix] interrupted during {interrupted_lane}; finished: "
-            f"{', '.join(done) or 'none'}; not finished: {', '.join(remaining)}. "
-            f"Re-run to resume: invoke test --lane {','.join(remaining)}",
-            file=stream,
-        )
+        _print_resume(results, selected, interrupted_lane, stream)
         code = INTERRUPTED
     else:
         code = 0 if all(r.ok for r in results) else 1
-    summary = {
-        "platform": platform_name,
-        "capabilities": caps,
-        "started": started,
-        "duration_s": time.time() - started,
-        "exit_code": code,
-        "interrupted": interrupted_lane is not None,
-        "interrupted_lane": interrupted_lane,
-        "rerun_failed": rerun_failed,
-        "lanes": [asdict(r) for r in results],
-    }
-    text = json.dumps(summary, indent=2)
-    _atomic_write(out_dir / "summary.json", text)
-    if json_to_stdout:
-        print(text, file=_PipeSafe(sys.stdout), flush=True)
-    elif json_path is not None:
-        _atomic_write(json_path, text)
-    markdown = format_markdown(results, code, platform_name)
-    _atomic_write(out_dir / "summary.md", markdown)
-    step_summary = os.environ.get("GITHUB_STEP_SUMMARY")
-    if step_summary:
-        try:
-            with open(step_summary, "a", encoding="utf-8") as fh:
-                fh.write(markdown)
-        except OSError as err:
-            print(f"[matrix] cannot append to $GITHUB_STEP_SUMMARY: {err}", file=stream)
+    _write_reports(
+        results, code, caps, platform_name, started, interrupted_lane, rerun_failed,
+        out_dir, json_path, json_to_stdout, stream,
+    )  # fmt: skip
     return code
