@@ -159,3 +159,71 @@ def test_cache_error_is_a_bpu_error_and_an_oserror(tmp_path):
         ArtifactCache(path).put("a" * 64, {"model.onnx": b"x"}, {})
     assert isinstance(err.value, BpuError) and isinstance(err.value, OSError)
     shutil.rmtree(tmp_path / "nothing", ignore_errors=True)
+
+
+def _get_within(cache, key, seconds=30.0):
+    """cache.get(key) in a daemon thread: a read that blocks fails the test instead of hanging."""
+    import threading
+
+    result = {}
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        worker = threading.Thread(target=lambda: result.update(got=cache.get(key)), daemon=True)
+        worker.start()
+        worker.join(seconds)
+    assert not worker.is_alive(), "the cache read blocked"
+    return result["got"], [str(x.message) for x in w]
+
+
+@pytest.mark.parametrize("kind", ["dev_zero", "fifo_manifest", "link_outside", "entry_is_link"])
+def test_special_files_and_links_in_an_entry_are_discarded(tmp_path, kind):
+    """A FIFO or a link to /dev/zero would block every compile; a link reads outside the cache."""
+    import hashlib
+    import os
+
+    cache = ArtifactCache(tmp_path / "cache")
+    key = "a" * 64
+    entry = cache.put(key, {"model.onnx": b"graph"}, {"march": "nash-e"}).path
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    if kind == "dev_zero":  # stat says 0 bytes; reading never ends
+        manifest = json.loads((entry / "manifest.json").read_text())
+        manifest["files"]["model.onnx"] = {"sha256": hashlib.sha256(b"").hexdigest(), "size": 0}
+        (entry / "manifest.json").write_text(json.dumps(manifest))
+        (entry / "model.onnx").unlink()
+        (entry / "model.onnx").symlink_to("/dev/zero")
+    elif kind == "fifo_manifest":
+        (entry / "manifest.json").unlink()
+        os.mkfifo(entry / "manifest.json")
+    elif kind == "link_outside":
+        (outside / "model.onnx").write_bytes(b"graph")
+        (entry / "model.onnx").unlink()
+        (entry / "model.onnx").symlink_to(outside / "model.onnx")
+    else:
+        shutil.move(entry, outside / "entry")
+        entry.symlink_to(outside / "entry")
+    got, messages = _get_within(cache, key)
+    assert got is None and any("discarded" in m for m in messages), messages
+    assert not os.path.lexists(entry)
+    assert sorted(p.name for p in outside.iterdir()) == (
+        ["model.onnx"] if kind == "link_outside" else ["entry"] if kind == "entry_is_link" else []
+    )  # nothing outside the cache was removed
+
+
+def test_index_file_that_is_a_fifo_is_ignored(tmp_path):
+    import os
+    import threading
+
+    cache = ArtifactCache(tmp_path / "cache")
+    (tmp_path / "cache" / "index").mkdir(parents=True)
+    os.mkfifo(tmp_path / "cache" / "index" / f"{'b' * 64}.json")
+    result = {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        worker = threading.Thread(
+            target=lambda: result.update(got=cache.index_lookup("b" * 64)), daemon=True
+        )
+        worker.start()
+        worker.join(30)
+    assert not worker.is_alive(), "the index read blocked"
+    assert result["got"] == {}

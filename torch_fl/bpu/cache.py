@@ -30,6 +30,7 @@ import json
 import os
 import re
 import shutil
+import stat
 import tempfile
 import time
 import warnings
@@ -90,6 +91,27 @@ def writing(root: Path, what: str) -> Iterator[None]:
             "(options={'cache_dir': ...} or $FLAGOS_BPU_CACHE), or compile with "
             "options={'cache': False}",
         ) from None
+
+
+def _read_regular(path: Path) -> bytes:
+    """The bytes of `path` if it is a regular file, not a symlink; else OSError.
+
+    A FIFO or a link to /dev/zero in a hostile cache would block or never end; a link would read
+    outside the cache directory.
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    with os.fdopen(fd, "rb") as fh:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file", str(path))
+        return fh.read()
+
+
+def _regular_size(path: Path) -> int:
+    """st_size of `path` if it is a regular file, not a symlink; else OSError."""
+    info = path.lstat()
+    if not stat.S_ISREG(info.st_mode):
+        raise OSError(errno.EINVAL, "not a regular file", str(path))
+    return info.st_size
 
 
 def _valid_manifest(meta: object, key: str) -> str:
@@ -155,8 +177,11 @@ class ArtifactCache:
             return None
         directory = self._dir(key)
         manifest = directory / MANIFEST
+        if directory.is_symlink():
+            self._discard(directory, "the entry is a symbolic link, not a directory in the cache")
+            return None
         try:
-            meta = json.loads(manifest.read_text(encoding="utf-8"))
+            meta = json.loads(_read_regular(manifest).decode("utf-8"))
         except FileNotFoundError:
             return None
         except NotADirectoryError:
@@ -172,7 +197,7 @@ class ArtifactCache:
             path = directory / name
             try:
                 ok = (
-                    path.stat().st_size == info["size"]
+                    _regular_size(path) == info["size"]
                     and atomic.sha256_file(path) == info["sha256"]
                 )
             except OSError:
@@ -192,6 +217,8 @@ class ArtifactCache:
         trash = directory.with_name(f".trash-{directory.name}-{os.getpid()}-{time.time_ns()}")
         with contextlib.suppress(FileNotFoundError, NotADirectoryError):
             os.replace(directory, trash)
+            if trash.is_symlink():
+                trash.unlink()  # the link only: what it points to is not the cache's
             shutil.rmtree(trash, ignore_errors=True)
 
     def put(self, key: str, files: Mapping[str, bytes], meta: Mapping) -> Artifact:
@@ -246,7 +273,7 @@ class ArtifactCache:
             return {}
         path = self.root / "index" / f"{graph_key}.json"
         try:
-            data = json.loads(path.read_text(encoding="utf-8"))
+            data = json.loads(_read_regular(path).decode("utf-8"))
         except (FileNotFoundError, NotADirectoryError):
             return {}
         except (OSError, ValueError) as exc:
