@@ -3,11 +3,18 @@
 // PyTorch's own autocast wrappers. Every other op passes through the Autocast key untouched.
 // The kernels then run on the CPU (fallback), which computes float16 and bfloat16 directly.
 #include <ATen/autocast_mode.h>
+#if __has_include(<ATen/core/Dimname.h>)
+#include <ATen/core/Dimname.h>
+#define TORCH_FL_HAS_DIMNAMES 1
+#endif
 #include <torch/library.h>
 
 namespace torch_fl {
 
 // The different-signature list spells its types unqualified, as inside at::.
+#ifdef TORCH_FL_HAS_DIMNAMES
+using at::DimnameList;  // torches with named tensors (2.11) list a Dimname signature too
+#endif
 using at::IntArrayRef;
 using at::Scalar;
 using at::ScalarType;
