@@ -141,17 +141,21 @@ class LocalTarget:
         if self.echo:
             print(f"[{self.name}] $ {cmd}", flush=True)
 
-    def run(self, cmd: str, timeout: float = 120.0, env: dict[str, str] | None = None) -> RunResult:
-        self._echo(cmd)
-        proc = subprocess.Popen(
+    def _spawn(self, cmd: str, stderr: int, env: dict[str, str] | None) -> subprocess.Popen:
+        # A session of its own: an interrupt or timeout kills the command's whole group.
+        return subprocess.Popen(
             ["/bin/sh", "-c", cmd],
             stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
+            stderr=stderr,
             text=True,
             env=self._environ(env),
             stdin=subprocess.DEVNULL,
             start_new_session=True,
         )
+
+    def run(self, cmd: str, timeout: float = 120.0, env: dict[str, str] | None = None) -> RunResult:
+        self._echo(cmd)
+        proc = self._spawn(cmd, subprocess.PIPE, env)
         try:
             out, err = proc.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
@@ -172,15 +176,7 @@ class LocalTarget:
     ) -> int:
         self._echo(cmd)
         with _command_log(log_path, cmd, progress) as (log, sink):
-            proc = subprocess.Popen(
-                ["/bin/sh", "-c", cmd],
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                text=True,
-                env=self._environ(None),
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,
-            )
+            proc = self._spawn(cmd, subprocess.STDOUT, None)
             deadline = time.monotonic() + timeout
             assert proc.stdout is not None
             try:
