@@ -7,7 +7,7 @@ flash kernel returns a second output (logsumexp) that nothing reads but that mad
 a partition boundary. Each is replaced by the math it computes, traced with make_fx from the
 reference formula below and inlined, so the partitioner sees only ops it supports. Causal masks
 come out as shape-only subgraphs (`ones`, `tril`) that `constants.fold_constants` turns into
-initializers.
+initializers. `_safe_softmax` (the softmax of SDPA's math path) becomes float-only ops too.
 """
 
 from __future__ import annotations
@@ -43,6 +43,18 @@ def attention(q, k, v, attn_mask=None, is_causal=False, scale=None, enable_gqa=F
         else:
             scores = scores + attn_mask
     return torch.matmul(torch.softmax(scores, -1), v)
+
+
+def safe_softmax(x, dim, dtype=None):
+    """softmax along `dim`, with rows that are entirely -inf giving zeros instead of NaN (what
+    `_safe_softmax` computes), in float ops only: the BPU takes no boolean row test on runtime
+    data. keep = clamp(max - lowest + 1, 0, 1) is exactly 0 for a row whose max is -inf and 1
+    for any other row; log(1 - keep) is then -inf (max(x, -inf) leaves x bit-identical) or 0
+    (a fully masked row becomes zeros: softmax is uniform there, and is multiplied by 0)."""
+    lowest = torch.finfo(x.dtype).min
+    keep = torch.clamp(torch.amax(x, dim, keepdim=True) - lowest + 1.0, 0.0, 1.0)
+    floor = torch.log(1.0 - keep)
+    return torch.softmax(torch.maximum(x, floor), dim, dtype=dtype) * keep
 
 
 def _project_heads(x, weight, bias, heads):
@@ -139,6 +151,15 @@ def _decomposition(node: fx.Node) -> tuple[Callable, list, tuple[int, ...] | Non
     """(function of the tensor inputs, those inputs, the tuple outputs it replaces (None: the
     node returns one tensor))."""
     target = node.target
+    if target is aten._safe_softmax.default:
+        values = dict(zip(("self", "dim", "dtype"), node.args, strict=False))
+        values.update(node.kwargs)
+        dim, dtype = values["dim"], values.get("dtype")
+
+        def softmax(x):
+            return safe_softmax(x, dim, dtype)
+
+        return softmax, [values["self"]], None
     if target is aten.mkldnn_rnn_layer.default:
         names = (
             "input", "w0", "w1", "w2", "w3", "hx", "cx", "reverse", "batch_sizes", "mode",
