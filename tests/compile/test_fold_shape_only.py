@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from torch import nn
+from torch import fx, nn
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from tests.compile.bpu_helpers import compile_bpu
 from torch_fl.bpu import report
-from torch_fl.bpu.lowering.constants import input_independent
+from torch_fl.bpu.lowering.constants import fold_constants, input_independent
 
 aten = torch.ops.aten
 
@@ -206,3 +206,18 @@ def test_symbolic_shapes_are_not_folded():
 
     gm = make_fx(fn, tracing_mode="symbolic")(torch.randn(2, 3))
     assert _constant_targets(gm) == set(), gm.code
+
+
+def test_static_size_reads_become_literals():
+    graph = fx.Graph()
+    x = graph.placeholder("x")
+    x.meta["val"] = torch.empty(2, 3)
+    width = graph.call_function(aten.sym_size.int, (x, 1))
+    graph.output(graph.call_function(aten.view.default, (x, [-1, width])))
+    gm = fx.GraphModule(torch.nn.Module(), graph)
+    assert fold_constants(gm) == 1
+    assert aten.sym_size.int not in {n.target for n in gm.graph.nodes}
+    (view,) = [n for n in gm.graph.nodes if n.target is aten.view.default]
+    assert view.args[1] == [-1, 3]
+    x = torch.randn(2, 3)
+    assert torch.equal(gm(x), x)

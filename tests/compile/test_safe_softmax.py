@@ -80,3 +80,27 @@ def test_sdpa_math_path_with_fully_masked_rows_offloads():
     assert len(rep.partitions) == 1 and rep.partitions[0].executor == "sim", rep.table()
     assert cosine(out, ref) > 0.99  # int8, default activation scale, uncalibrated
     assert torch.equal(out[:, :, 3], torch.zeros(2, 1, 16))
+
+
+class FusedMaskedAttention(MaskedAttention):
+    """The default SDPA kernel (the fused CPU one), which the lowering decomposes."""
+
+    def forward(self, x, keep):
+        q, k, v = self.qkv(x).unsqueeze(1).chunk(3, -1)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=keep)
+
+
+def test_decomposed_fused_attention_gives_fully_masked_queries_zeros():
+    torch.manual_seed(0)
+    model = FusedMaskedAttention().eval()
+    x = torch.randn(2, 5, 16)
+    keep = torch.ones(5, 5, dtype=torch.bool)
+    keep[1] = False
+    with torch.no_grad():
+        ref = model(x, keep)
+    assert torch.equal(ref[:, :, 1], torch.zeros(2, 1, 16))
+    out, rep = _run(model, x, keep, executor="eager")
+    assert not out.isnan().any()
+    # the fused kernel is replaced by the float math it computes: close, not bit-identical
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+    assert rep.coverage_pct == 100.0 and len(rep.partitions) == 1, rep.table()

@@ -25,6 +25,18 @@ aten = torch.ops.aten
 log = logging.getLogger("torch_fl.bpu")
 
 
+def safe_softmax(x, dim, dtype=None):
+    """softmax along `dim`, with rows that are entirely -inf giving zeros instead of NaN (what
+    `_safe_softmax` computes), in float ops only: the BPU takes no boolean row test on runtime
+    data. keep = clamp(max - lowest + 1, 0, 1) is exactly 0 for a row whose max is -inf and 1
+    for any other row; log(1 - keep) is then -inf (max(x, -inf) leaves x bit-identical) or 0
+    (a fully masked row becomes zeros: softmax is uniform there, and is multiplied by 0)."""
+    lowest = torch.finfo(x.dtype).min
+    keep = torch.clamp(torch.amax(x, dim, keepdim=True) - lowest + 1.0, 0.0, 1.0)
+    floor = torch.log(1.0 - keep)
+    return torch.softmax(torch.maximum(x, floor), dim, dtype=dtype) * keep
+
+
 def attention(q, k, v, attn_mask=None, is_causal=False, scale=None, enable_gqa=False):
     """softmax(q k^T * scale + mask) v, the definition scaled_dot_product_attention implements."""
     length, source = q.shape[-2], k.shape[-2]
@@ -37,24 +49,14 @@ def attention(q, k, v, attn_mask=None, is_causal=False, scale=None, enable_gqa=F
     if is_causal:
         keep = torch.ones(length, source, dtype=torch.bool, device=q.device).tril()
         scores = torch.where(keep, scores, float("-inf"))
-    if attn_mask is not None:
-        if attn_mask.dtype == torch.bool:
-            scores = torch.where(attn_mask, scores, float("-inf"))
-        else:
-            scores = scores + attn_mask
-    return torch.matmul(torch.softmax(scores, -1), v)
-
-
-def safe_softmax(x, dim, dtype=None):
-    """softmax along `dim`, with rows that are entirely -inf giving zeros instead of NaN (what
-    `_safe_softmax` computes), in float ops only: the BPU takes no boolean row test on runtime
-    data. keep = clamp(max - lowest + 1, 0, 1) is exactly 0 for a row whose max is -inf and 1
-    for any other row; log(1 - keep) is then -inf (max(x, -inf) leaves x bit-identical) or 0
-    (a fully masked row becomes zeros: softmax is uniform there, and is multiplied by 0)."""
-    lowest = torch.finfo(x.dtype).min
-    keep = torch.clamp(torch.amax(x, dim, keepdim=True) - lowest + 1.0, 0.0, 1.0)
-    floor = torch.log(1.0 - keep)
-    return torch.softmax(torch.maximum(x, floor), dim, dtype=dtype) * keep
+    if attn_mask is None:
+        return torch.matmul(torch.softmax(scores, -1), v)
+    if attn_mask.dtype == torch.bool:
+        scores = torch.where(attn_mask, scores, float("-inf"))
+    else:
+        scores = scores + attn_mask
+    # a mask can hide every key from a query: the kernels give that query zeros, not NaN
+    return torch.matmul(safe_softmax(scores, -1), v)
 
 
 def _project_heads(x, weight, bias, heads):
