@@ -86,7 +86,7 @@ def test_first_call_calibration():
 def test_changed_weights_run_live_without_rebuild(how):
     model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU()).eval()
     x = torch.randn(1, 3, 8, 8)
-    compiled = compile_bpu(model, executor="sim", quantize=False)
+    compiled = compile_bpu(model, executor="sim", quantize=False, sim_weights="live")
     with report.collect() as reps, torch.no_grad():
         before = compiled(x)
     if how == "load_state_dict":

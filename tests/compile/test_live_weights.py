@@ -78,8 +78,8 @@ IDIOMS = {
 
 EXECUTORS = {
     "eager": {"executor": "eager"},
-    "sim": {"executor": "sim"},
-    "sim-checked": {"executor": "sim", "sim_weights": "checked"},
+    "sim": {"executor": "sim"},  # sim_weights="checked" by default: baked, int8 kernels
+    "sim-live": {"executor": "sim", "sim_weights": "live"},
 }
 
 
@@ -110,7 +110,7 @@ def test_changed_weights_run(executor, idiom):
             assert torch.equal(after, model(x))
         return
     # live weights: nothing rebuilt; checked weights: rebuilt once, on the change
-    assert reps[0].runtimes[0].builds == (1 if executor == "sim" else 2)
+    assert reps[0].runtimes[0].builds == (1 if executor == "sim-live" else 2)
     assert torch.equal(after, _fresh(model, x, executor))
 
 
@@ -196,7 +196,7 @@ def test_live_bias_beyond_int32_is_clipped_not_wrapped():
         model.weight.fill_(1.0)
         model.bias.fill_(1.0)
     x = torch.zeros(1, 1, 2, 2)
-    compiled = compile_bpu(model, executor="sim", act_scale=1e-6)
+    compiled = compile_bpu(model, executor="sim", sim_weights="live", act_scale=1e-6)
     with torch.no_grad():
         assert torch.allclose(compiled(x), torch.ones(1, 1, 2, 2))
         model.bias.data.fill_(100.0)  # 100 / (1e-6 x 1/127) is far beyond int32

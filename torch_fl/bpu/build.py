@@ -29,12 +29,13 @@ from torch.utils._python_dispatch import _disable_current_modes
 from torch_fl.bpu.cache import Artifact, ArtifactCache, artifact_key
 from torch_fl.bpu.conversion import live_weights
 from torch_fl.bpu.conversion.export import OPSET, canonical_bytes, export_onnx
-from torch_fl.bpu.conversion.qdq import bias_safe_scales, quantize_model
+from torch_fl.bpu.conversion.fold_bn import fold_batchnorm
+from torch_fl.bpu.conversion.qdq import effective_scales, quantize_model
 from torch_fl.bpu.drivers import CompilerInfo, compile_onnx, discover
 from torch_fl.bpu.errors import CompileError
 from torch_fl.bpu.settings import BpuSettings
 
-PIPELINE_VERSION = "torch-fl-bpu-2"
+PIPELINE_VERSION = "torch-fl-bpu-3"  # 3: BN folded, conv/gemm outputs requantized
 LIVE_MODEL = "model.live.onnx"
 
 
@@ -127,6 +128,7 @@ def export_weight_graph(spec: PartitionSpec, args: Sequence[torch.Tensor]):
     with _disable_current_modes():
         names = [n.name for n in spec.gm.graph.nodes if n.op == "placeholder"]
         model = export_onnx(spec.gm, [a.detach() for a in args], names)
+    model, _ = fold_batchnorm(model, spec.weight_names)
     return live_weights.split(model, spec.weight_names)
 
 
@@ -238,8 +240,8 @@ def _convert(
         model = quantize_model(baked, scales or {}, settings.act_scale)
         timings["qdq_s"] = time.perf_counter() - t0
     onnx_bytes = canonical_bytes(model)
-    # the live graph quantizes its bias with the same (bias-safe) activation scales
-    live_scales = bias_safe_scales(baked, scales or {}, settings.act_scale)
+    # the live graph quantizes its bias with the same activation scales as the Q/DQ pass
+    live_scales = effective_scales(baked, scales or {}, settings.act_scale)
     live = live_weights.make_live(weight_graph, baked, model, live_scales, settings.act_scale)
     return onnx_bytes, canonical_bytes(live)
 

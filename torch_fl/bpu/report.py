@@ -37,6 +37,8 @@ class PartitionEntry:
     fingerprint: str = ""
     quant_health: dict | None = None
     """int8 vs float on the calibration samples (cosine, saturated/zeroed %), once calibrated."""
+    sim_kernels: dict | None = None
+    """sim executor only: {"path": u8s8|u8u8|float, "reason": why this CPU got it}."""
 
 
 @dataclass
@@ -103,6 +105,9 @@ class Report:
             "coverage_pct": self.coverage_pct,
             "offloaded_pct": self.offloaded_pct,
             "executors": sorted({p.executor for p in self.partitions}),
+            "sim_kernels": sorted(
+                {p.sim_kernels["path"] for p in self.partitions if p.sim_kernels}
+            ),
             "graph_breaks": self.graph_breaks,
         }
 
@@ -125,6 +130,13 @@ class Report:
                     f"{p.nodes:>5} {p.frozen_params:>6}  {shapes}"
                     + (f"  ({p.executor_reason})" if p.executor_reason else "")
                 )
+        kernels = {
+            (p.sim_kernels["path"], p.sim_kernels["reason"])
+            for p in self.partitions
+            if p.sim_kernels and p.executor == "sim"
+        }
+        for path, why in sorted(kernels):
+            lines.append(f"sim kernels: {path} ({why})")
         if self.graph_breaks:
             lines.append(
                 f"Dynamo graph breaks: {len(self.graph_breaks)} (the code after each ran eagerly "

@@ -26,6 +26,7 @@ CALIBRATE_MODES = ("none", "first-call")
 CALIB_METHODS = ("max", "percentile")
 ON_STALE = ("recompile", "eager")
 SIM_WEIGHTS = ("live", "checked")
+SIM_KERNELS = ("auto", "u8s8", "u8u8", "float")
 REPORT_FORMATS = ("none", "table", "json")
 COMPILE_ARTIFACT = ("auto", "always", "never")
 
@@ -296,14 +297,25 @@ class BpuSettings:
         "FLAGOS_BPU_SIM_THREADS",
     )
     sim_weights: str = _option(
-        "live",
+        "checked",
         _choice(SIM_WEIGHTS),
         "|".join(SIM_WEIGHTS),
-        "`live`: the sim graph reads the weights as inputs every call (never stale by "
-        "construction; ORT cannot pre-pack them). `checked`: weights baked in like an artifact, "
-        "every byte compared before each call and the partition rebuilt (on_stale) when any "
-        "changed.",
+        "`checked`: weights baked into the sim session (pre-packed for the int8 kernels), each "
+        "one's identity and XXH3-128 content fingerprint checked before every call, and the "
+        "partition rebuilt (on_stale) when any changed. `live`: the sim graph reads the weights "
+        "as inputs and quantizes them on every call (never stale by construction, float kernels "
+        "only).",
         "FLAGOS_BPU_SIM_WEIGHTS",
+    )
+    sim_kernels: str = _option(
+        "auto",
+        _choice(SIM_KERNELS),
+        "|".join(SIM_KERNELS),
+        "Kernels the sim executor runs the int8 graph with. `auto`: the fastest exact path for "
+        "this CPU (u8s8 with VNNI, else u8u8, else float), each checked by a saturation probe. "
+        "`u8s8`/`u8u8`: that fused integer path (an error if its probe is not exact here). "
+        "`float`: Q/DQ as float rounding steps around float kernels.",
+        "FLAGOS_BPU_SIM_KERNELS",
     )
 
     def replace(self, **changes: Any) -> BpuSettings:

@@ -6,7 +6,13 @@ Scheme (symmetric, signed int8, zero point 0, as hbdk4 expects):
   [-127, 127]; the int8 tensor is the initializer, a DequantizeLinear with `axis` restores it;
 - biases: int32 with scale = activation scale * weight scale_c (what the BPU accumulates in);
 - activations feeding Conv/Gemm/MatMul/pooling: one Q/DQ pair per tensor, scale from calibration
-  (keyed by tensor name) or the default activation scale.
+  (keyed by tensor name) or the default activation scale;
+- outputs: each Conv/Gemm, and each MatMul with a constant weight, is requantized to int8 where
+  it ends (`requant_points`: its output, or the output of the Relu that is its only reader), as
+  the BPU writes a conv's result back; that makes every such op a DQ -> op -> Q group, which is
+  also what ONNX Runtime fuses into its integer kernels (runtime/sim_kernels.py). A graph output
+  stays float. A MaxPool's output keeps its input's scale: max commutes with quantization, so no
+  rounding is added.
 A pass that leaves any of those ops without quantized inputs raises `QuantizationError`: a float
 artifact must never be shipped silently in place of an int8 one.
 """
@@ -48,6 +54,31 @@ def quantize_weight(weight: np.ndarray, axis: int) -> tuple[np.ndarray, np.ndarr
     return q, scales
 
 
+def requant_points(model: onnx.ModelProto) -> list[str]:
+    """Tensors quantized where a weight op's result ends: its output, or its Relu's output when
+    a Relu is the output's only reader (relu commutes with a zero-point-0 quantization). Graph
+    outputs and activation x activation MatMuls (attention scores) stay float."""
+    graph = model.graph
+    inits = {i.name for i in graph.initializer}
+    outputs = {o.name for o in graph.output}
+    readers: dict[str, list[onnx.NodeProto]] = {}
+    for node in graph.node:
+        for name in node.input:
+            readers.setdefault(name, []).append(node)
+    points: list[str] = []
+    for node in graph.node:
+        widx = WEIGHT_OPS.get(node.op_type)
+        if widx is None or len(node.input) <= widx or node.input[widx] not in inits:
+            continue
+        end = node.output[0]
+        users = readers.get(end, [])
+        if len(users) == 1 and users[0].op_type == "Relu" and end not in outputs:
+            end = users[0].output[0]
+        if end not in outputs and end not in points:
+            points.append(end)
+    return points
+
+
 def activation_inputs(model: onnx.ModelProto) -> list[str]:
     """Names of the activation tensors that get a Q/DQ pair (what calibration must observe)."""
     inits = {i.name for i in model.graph.initializer}
@@ -56,7 +87,23 @@ def activation_inputs(model: onnx.ModelProto) -> list[str]:
         for name in _act_inputs(node, inits):
             if name not in names:
                 names.append(name)
+    for name in requant_points(model):
+        if name not in names:
+            names.append(name)
     return names
+
+
+def effective_scales(
+    model: onnx.ModelProto, act_scales: Mapping[str, float], default_scale: float
+) -> dict[str, float]:
+    """The activation scales the Q/DQ pass uses: a MaxPool's output takes its input's scale (in
+    graph order, so chains follow), then `bias_safe_scales`. The live-weights graph quantizes its
+    biases with these too."""
+    scales = {k: float(v) for k, v in act_scales.items()}
+    for node in model.graph.node:
+        if node.op_type == "MaxPool" and len(node.output) == 1:
+            scales[node.output[0]] = scales.get(node.input[0], default_scale)
+    return bias_safe_scales(model, scales, default_scale)
 
 
 def _act_inputs(node: onnx.NodeProto, inits: set[str]) -> list[str]:
@@ -133,6 +180,7 @@ class _QdqGraph:
         self.new_inits: list[TensorProto] = []
         self.dq_of: dict[str, str] = {}  # activation tensor -> its dequantized name
         self.remove: set[str] = set()
+        self.requant: set[str] = set()
 
     def scalar(self, name: str, value, dtype) -> None:
         self.new_inits.append(numpy_helper.from_array(np.array(value, dtype=dtype), name))
@@ -143,20 +191,32 @@ class _QdqGraph:
         if self.init_users[name] == 0:
             self.remove.add(name)
 
+    def _pair(self, name: str, source: str, dq: str) -> None:
+        """Q/DQ of tensor `name` (read from `source`, dequantized into `dq`)."""
+        scale = float(self.act_scales.get(name, self.default_scale))
+        if not scale > 0 or not np.isfinite(scale):
+            raise QuantizationError(f"activation scale for {name!r} is {scale}; need > 0")
+        self.scalar(f"{name}_scale", scale, np.float32)
+        self.scalar(f"{name}_zero_point", 0, np.int8)
+        q = f"{name}_quantized"
+        args = [f"{name}_scale", f"{name}_zero_point"]
+        self.nodes.append(helper.make_node("QuantizeLinear", [source, *args], [q], f"{name}_Q"))
+        self.nodes.append(helper.make_node("DequantizeLinear", [q, *args], [dq], f"{name}_DQ"))
+        self.dq_of[name] = dq
+
     def act_dq(self, name: str) -> str:
         """The dequantized name of activation `name` (one Q/DQ pair per tensor)."""
         if name not in self.dq_of:
-            scale = float(self.act_scales.get(name, self.default_scale))
-            if not scale > 0 or not np.isfinite(scale):
-                raise QuantizationError(f"activation scale for {name!r} is {scale}; need > 0")
-            self.scalar(f"{name}_scale", scale, np.float32)
-            self.scalar(f"{name}_zero_point", 0, np.int8)
-            q, dq = f"{name}_quantized", f"{name}_dequantized"
-            args = [f"{name}_scale", f"{name}_zero_point"]
-            self.nodes.append(helper.make_node("QuantizeLinear", [name, *args], [q], f"{name}_Q"))
-            self.nodes.append(helper.make_node("DequantizeLinear", [q, *args], [dq], f"{name}_DQ"))
-            self.dq_of[name] = dq
+            self._pair(name, name, f"{name}_dequantized")
         return self.dq_of[name]
+
+    def requantize_outputs(self, node: onnx.NodeProto) -> None:
+        """Quantize the outputs of `node` that are requantization points in place: the node
+        writes `<name>_float`, and every reader of `name` reads the dequantized value."""
+        for i, name in enumerate(node.output):
+            if name in self.requant and name not in self.dq_of:
+                node.output[i] = f"{name}_float"
+                self._pair(name, node.output[i], name)
 
     def weight_dq(self, node: onnx.NodeProto, wname: str) -> tuple[str, np.ndarray]:
         """Int8 per-channel (or per-tensor) copy of weight `wname`: (dequantized name, scales)."""
@@ -211,6 +271,7 @@ class _QdqGraph:
         """Append `node`, its quantizable inputs read through Q/DQ, after their DQ nodes."""
         if node.op_type not in QUANT_OPS:
             self.nodes.append(node)
+            self.requantize_outputs(node)
             return
         acts = _act_inputs(node, set(self.inits))
         inputs = list(node.input)
@@ -237,17 +298,19 @@ class _QdqGraph:
         del node.input[:]
         node.input.extend(inputs)
         self.nodes.append(node)
+        self.requantize_outputs(node)
 
 
 def quantize_model(
     model: onnx.ModelProto, act_scales: Mapping[str, float], default_scale: float
 ) -> onnx.ModelProto:
     """Return a Q/DQ copy of `model` (float ONNX from `export_onnx`)."""
-    act_scales = bias_safe_scales(model, act_scales, default_scale)
+    act_scales = effective_scales(model, act_scales, default_scale)
     model_q = onnx.ModelProto()
     model_q.CopyFrom(model)
     graph = model_q.graph
     qdq = _QdqGraph(graph, act_scales, default_scale)
+    qdq.requant = set(requant_points(model))
     for node in graph.node:
         qdq.rewrite(node)
     del graph.node[:]

@@ -15,9 +15,12 @@ from collections.abc import Sequence
 from typing import Protocol
 
 import numpy as np
+import onnx
 import torch
 
+from torch_fl.bpu.conversion.integer_form import to_integer_form
 from torch_fl.bpu.errors import ArtifactError
+from torch_fl.bpu.runtime.sim_kernels import KernelChoice
 
 
 class Executor(Protocol):
@@ -43,11 +46,14 @@ class EagerExecutor:
 class SimExecutor:
     """ONNX Runtime on the Q/DQ graph: the BPU's int8 numerics on the host.
 
-    The graph reads the frozen weights as inputs (conversion/live_weights.py): every call runs
-    the weights the parameters hold at that moment. Their numpy views are made once and reused
-    while each parameter's data pointer is unchanged; a view keeps its storage alive, so an equal
-    pointer means the same memory, and shape, stride or dtype changes are recompiled by Dynamo's
-    guards before they reach this call.
+    With baked weights (sim_weights="checked", the default) the graph holds its int8 weights and
+    runs on the fused integer kernels of `kernels` (runtime/sim_kernels.py); the partition runtime
+    checks the weights before each call. With `weights` (sim_weights="live") the graph reads the
+    frozen weights as inputs (conversion/live_weights.py): every call runs the weights the
+    parameters hold at that moment. Their numpy views are made once and reused while each
+    parameter's data pointer is unchanged; a view keeps its storage alive, so an equal pointer
+    means the same memory, and shape, stride or dtype changes are recompiled by Dynamo's guards
+    before they reach this call.
     """
 
     kind = "sim"
@@ -58,15 +64,22 @@ class SimExecutor:
         threads: int = 0,
         runtime_inputs: Sequence[tuple[str, int]] = (),
         weights: Sequence[tuple[str, int]] = (),
+        kernels: KernelChoice | None = None,
     ) -> None:
+        """`kernels`: the path of runtime/sim_kernels.py (None: float Q/DQ)."""
         import onnxruntime as ort
 
+        self.kernels = kernels or KernelChoice("float", "float Q/DQ")
         options = ort.SessionOptions()
         options.log_severity_level = 3
-        # ORT's fused int8 kernels use u8s8 multiply-adds that saturate on CPUs without VNNI
-        # (measured: ResNet-18 cosine 0.98 instead of 0.9999). The BPU does not saturate, so the
-        # simulation keeps Q/DQ as explicit rounding steps around float kernels: exact numerics.
-        options.add_session_config_entry("session.disable_quant_qdq", "1")
+        if self.kernels.path == "float":
+            # Q/DQ as explicit rounding steps around float kernels: ORT must not fuse them into
+            # integer kernels that may saturate on this CPU (sim_kernels.py).
+            options.add_session_config_entry("session.disable_quant_qdq", "1")
+        else:
+            # the integer form ORT fuses into QLinearConv/QGemm/...: the path was probed exact
+            model = to_integer_form(onnx.load_from_string(onnx_bytes), self.kernels.path)
+            onnx_bytes = model.SerializeToString()
         if threads:
             options.intra_op_num_threads = threads
             options.inter_op_num_threads = 1

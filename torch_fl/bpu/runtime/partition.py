@@ -1,8 +1,9 @@
 """The module that replaces each fused partition in the compiled graph.
 
-Call path (hot): one attribute read, for the hbm executor only a baked-weight check (identity and
-content per weight; sim and eager read the weights live and need none), an optional profiler
-range, the executor. Everything else — building the artifact,
+Call path (hot): one attribute read, for executors that bake the weights (hbm; sim with
+sim_weights="checked", the default) a baked-weight check (identity and content fingerprint per
+weight; eager and live sim read the weights live and need none), an optional profiler range, the
+executor. Everything else — building the artifact,
 calibration, stale rebuilds, fallbacks — happens on the slow path, taken on the first call and
 whenever the fast path's preconditions fail.
 """
@@ -98,6 +99,7 @@ class PartitionRuntime(torch.nn.Module):
     def _use_eager(self, reason: str) -> None:
         self._exec = EagerExecutor(self.eager)
         self._frozen = None
+        self.entry.sim_kernels = None
         self._set_kind("eager", reason)
 
     def invalidate(self) -> None:
@@ -163,6 +165,10 @@ class PartitionRuntime(torch.nn.Module):
             self._use_eager(self.entry.executor_reason)
             return
         self._exec = executor
+        kernels = getattr(executor, "kernels", None)
+        self.entry.sim_kernels = (
+            {"path": kernels.path, "reason": kernels.reason} if kernels is not None else None
+        )
         baked = how.baked_weights(settings)
         self._frozen = FrozenWeights(self.spec.frozen_positions, args) if baked else None
         self._set_kind(kind)

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from torch_fl.bpu.build import BuildResult, PartitionSpec
 from torch_fl.bpu.errors import ExecutorUnavailableError
+from torch_fl.bpu.runtime import sim_kernels
 from torch_fl.bpu.runtime.executors import (
     EagerExecutor,
     Executor,
@@ -23,6 +24,7 @@ from torch_fl.bpu.runtime.executors import (
     SimExecutor,
     hbm_runtime_available,
 )
+from torch_fl.bpu.runtime.sim_kernels import KernelChoice
 from torch_fl.bpu.settings import BpuSettings
 
 
@@ -41,11 +43,19 @@ class ExecutorKind:
 
 def _make_sim(spec: PartitionSpec, settings: BpuSettings, result: BuildResult) -> Executor:
     live = settings.sim_weights == "live"
+    if live:
+        # weights computed in the graph every call: ORT cannot pre-pack them for int8 kernels
+        kernels = KernelChoice("float", "sim_weights='live': weights quantized in the graph")
+    elif not settings.quantize:
+        kernels = KernelChoice("float", "quantize=False: a float graph")
+    else:
+        kernels = sim_kernels.choose(settings.sim_kernels)
     return SimExecutor(
         result.live_bytes if live else result.onnx_bytes,
         settings.sim_threads,
         list(zip(spec.input_names, spec.runtime_positions, strict=True)),
         list(zip(spec.weight_names, spec.frozen_positions, strict=True)) if live else (),
+        kernels,
     )
 
 
