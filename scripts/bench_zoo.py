@@ -34,17 +34,10 @@ SPEED_TARGETS = {"resnet18": (4.0, 2.0), "mobilenetv3_small": (2.5, 2.0)}
 
 
 def cpu_has_vnni() -> bool:
-    """AVX512-VNNI or AVX-VNNI in the CPU flags (Linux /proc/cpuinfo; False elsewhere)."""
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
-    flags = set()
-    for line in text.splitlines():
-        if line.startswith("flags"):
-            flags.update(line.split(":", 1)[1].split())
-            break
-    return bool(flags & {"avx512_vnni", "avx_vnni"})
+    """Whether u8 x s8 products accumulate straight into int32 here (VNNI, AMX, Arm dot)."""
+    from torch_fl.bpu.runtime.sim_kernels import cpu_flags, has_int32_dot
+
+    return has_int32_dot(cpu_flags())
 
 
 def _cos(a, b) -> float:
@@ -113,6 +106,9 @@ def run_model(name: str, scale: str, iters: int, timing: bool, inductor: bool, c
             row["cosine_calibrated"] = _cos(sim(x), ref)
     row["quant_warnings"] = [str(w.message) for w in caught if "quantization" in str(w.message)]
     row["health"] = [p.quant_health for g in sim_reps for p in g.partitions]
+    row["sim_kernels"] = sorted(
+        {p.sim_kernels["path"] for g in sim_reps for p in g.partitions if p.sim_kernels}
+    )
     row["health_cosine_min"] = min((h["cosine"] for h in row["health"] if h), default=None)
     row["targets"] = {
         "no_graph_breaks": not row["graph_breaks"],
@@ -245,10 +241,20 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{r['model']}: on the CPU: " + "; ".join(f"{t}" for t in r["cpu_ops"]))
     out = Path(args.json)
     out.parent.mkdir(parents=True, exist_ok=True)
-    meta = {"scale": args.scale, "threads": 1, "vnni": cpu_has_vnni(), "torch": torch.__version__}
+    from torch_fl.bpu.runtime.sim_kernels import choose
+
+    kernels = choose("auto")
+    meta = {
+        "scale": args.scale,
+        "threads": 1,
+        "vnni": cpu_has_vnni(),
+        "sim_kernels": {"path": kernels.path, "reason": kernels.reason},
+        "torch": torch.__version__,
+    }
     out.write_text(json.dumps({**meta, "models": rows}, indent=1))
     png = out.with_suffix(".png")
     plotted = _plot(rows, png)
+    print(f"sim kernels: {kernels.path} ({kernels.reason})")
     print(f"wrote {out}" + (f" and {png}" if plotted else " (no matplotlib: no plot)"))
     return 0
 

@@ -8,11 +8,19 @@ taken when the weights were baked. One pass reading the weights once, at memory 
 46.8 MB: measured by scripts/bench_compile.py), and no private copy of the weights. A change that
 leaves the 128-bit fingerprint equal is a 2^-128 event for any change not built to collide;
 `sim_weights="live"` (quantize in the graph on every call) rules out even that, at float speed.
+
+Where the weights are large (>= OVERLAP_BYTES) and this process may use two CPUs, the check runs
+on a checker thread while the partition runs, and the caller waits for both before returning:
+a changed weight still discards the result and rebuilds, but the check no longer adds its
+memory-bound pass to the latency (the partition's executor reads only its own baked copy).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import os
+import threading
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
@@ -30,22 +38,54 @@ def _hasher():
     return xxhash.xxh3_128_intdigest
 
 
+OVERLAP_BYTES = 1 << 20
+_pool: tuple[int, ThreadPoolExecutor] | None = None
+_pool_lock = threading.Lock()
+
+
+def _usable_cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def _checker() -> ThreadPoolExecutor:
+    """The process's one checker thread (a new one in a forked child: threads do not fork)."""
+    global _pool
+    with _pool_lock:
+        if _pool is None or _pool[0] != os.getpid():
+            _pool = (os.getpid(), ThreadPoolExecutor(1, thread_name_prefix="bpu-weight-check"))
+        return _pool[1]
+
+
+def _byte_view(tensor: torch.Tensor):
+    """A uint8 numpy view of a dense tensor's memory (no copy); None if it has gaps or is empty.
+
+    The view holds the storage alive, so while the tensor keeps this data pointer, the view
+    reads exactly the bytes the tensor holds."""
+    dense = tensor.detach()
+    if not dense.is_contiguous() or dense.numel() == 0:
+        return None
+    return dense.reshape(-1).view(torch.uint8).numpy()
+
+
 def fingerprint(tensor: torch.Tensor, digest=None) -> int:
     """XXH3-128 of the tensor's bytes in row-major order (a dense copy first if it has gaps)."""
     digest = digest or _hasher()
-    dense = tensor.detach()
-    if not dense.is_contiguous():
-        dense = dense.contiguous()
-    if dense.numel() == 0:
-        return digest(b"")
-    # a byte view of the tensor's memory: no copy, read once by the hash
-    return digest(dense.reshape(-1).view(torch.uint8).numpy())
+    view = _byte_view(tensor)
+    if view is None:
+        dense = tensor.detach().contiguous()
+        if dense.numel() == 0:
+            return digest(b"")
+        view = dense.reshape(-1).view(torch.uint8).numpy()
+    return digest(view)
 
 
 class FrozenWeights:
     """The weights one build of a partition baked in, to detect any later change."""
 
-    __slots__ = ("entries", "_digest")
+    __slots__ = ("entries", "_digest", "overlap")
 
     def __init__(self, positions: Sequence[int], args: Sequence[torch.Tensor]) -> None:
         self._digest = _hasher()
@@ -57,23 +97,32 @@ class FrozenWeights:
                 args[pos].untyped_storage().nbytes(),
                 args[pos]._version,
                 tuple(args[pos].stride()),
+                _byte_view(args[pos]),
                 fingerprint(args[pos], self._digest),
             )
             for pos in positions
         )
+        nbytes = sum(args[pos].numel() * args[pos].element_size() for pos in positions)
+        self.overlap = nbytes >= OVERLAP_BYTES and _usable_cpus() >= 2
+        """Check beside the call (`check_in_background`) rather than before it."""
+
+    def check_in_background(self, args: Sequence[torch.Tensor]) -> Callable[[], bool]:
+        """Start `stale(args)` on the checker thread; the returned function waits for it."""
+        return _checker().submit(self.stale, tuple(args)).result
 
     def stale(self, args: Sequence[torch.Tensor]) -> bool:
         digest = self._digest
-        for pos, tensor, ptr, nbytes, version, strides, print_ in self.entries:
+        for pos, tensor, ptr, nbytes, version, strides, view, print_ in self.entries:
             current = args[pos]
             if (
                 current is not tensor
                 or current.data_ptr() != ptr
                 or current._version != version
-                or current.untyped_storage().nbytes() != nbytes
                 or current.stride() != strides
+                or current.untyped_storage().nbytes() != nbytes
             ):
                 return True
-            if fingerprint(current, digest) != print_:
+            # same object, pointer and strides: the view made at build time reads its bytes
+            if (digest(view) if view is not None else fingerprint(current, digest)) != print_:
                 return True
         return False

@@ -13,6 +13,8 @@ Scheme (symmetric, signed int8, zero point 0, as hbdk4 expects):
   also what ONNX Runtime fuses into its integer kernels (runtime/sim_kernels.py). A graph output
   stays float. A MaxPool's output keeps its input's scale: max commutes with quantization, so no
   rounding is added.
+- a tensor quantized for one reader is read through its Q/DQ by every reader (graph outputs
+  excepted): a residual Add sees the int8 values the conv next to it sees.
 A pass that leaves any of those ops without quantized inputs raises `QuantizationError`: a float
 artifact must never be shipped silently in place of an int8 one.
 """
@@ -181,6 +183,7 @@ class _QdqGraph:
         self.dq_of: dict[str, str] = {}  # activation tensor -> its dequantized name
         self.remove: set[str] = set()
         self.requant: set[str] = set()
+        self.quantized: set[str] = set()  # every tensor that gets a Q/DQ pair
 
     def scalar(self, name: str, value, dtype) -> None:
         self.new_inits.append(numpy_helper.from_array(np.array(value, dtype=dtype), name))
@@ -270,6 +273,11 @@ class _QdqGraph:
     def rewrite(self, node: onnx.NodeProto) -> None:
         """Append `node`, its quantizable inputs read through Q/DQ, after their DQ nodes."""
         if node.op_type not in QUANT_OPS:
+            # a tensor that is quantized for one reader is read quantized by all (a residual
+            # Add reads the same int8 values as the conv beside it, as on the BPU)
+            for i, name in enumerate(node.input):
+                if name in self.quantized:
+                    node.input[i] = self.act_dq(name)
             self.nodes.append(node)
             self.requantize_outputs(node)
             return
@@ -311,6 +319,7 @@ def quantize_model(
     graph = model_q.graph
     qdq = _QdqGraph(graph, act_scales, default_scale)
     qdq.requant = set(requant_points(model))
+    qdq.quantized = set(activation_inputs(model))
     for node in graph.node:
         qdq.rewrite(node)
     del graph.node[:]

@@ -61,10 +61,27 @@ class PartitionRuntime(torch.nn.Module):
     # -- hot path -----------------------------------------------------------------------------
     def forward(self, *args: torch.Tensor):
         run = self._exec
-        if run is None or (self._frozen is not None and self._frozen.stale(args)):
+        if run is None or CALIBRATION.get() is not None:
             return self._slow(args)
-        if CALIBRATION.get() is not None:
+        frozen = self._frozen
+        if frozen is None:
+            return self._call(run, args)
+        if not frozen.overlap:
+            if frozen.stale(args):
+                return self._slow(args)
+            return self._call(run, args)
+        # large baked weights: check them on the checker thread while the executor runs on
+        # its own copy; a result computed while they were found changed is thrown away
+        changed = frozen.check_in_background(args)
+        try:
+            out = self._call(run, args)
+        finally:
+            stale = changed()  # never return while the check still reads the weights
+        if stale:
             return self._slow(args)
+        return out
+
+    def _call(self, run: Executor, args: Sequence[torch.Tensor]):
         if _profiler_enabled():
             with record_function(self._label):
                 return run(args)
