@@ -203,3 +203,92 @@ def test_live_bias_beyond_int32_is_clipped_not_wrapped():
         out = compiled(x)
     limit = 2**30 * float(torch.tensor(1e-6 / 127, dtype=torch.float32))
     assert torch.allclose(out, torch.full_like(out, limit), rtol=1e-4)
+
+
+class Wide(nn.Module):
+    """2 MB of weights: the baked-weight check runs beside the call (freezing.OVERLAP_BYTES)."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1 = nn.Linear(512, 1024)
+        self.fc2 = nn.Linear(1024, 16)
+
+    def forward(self, x):
+        return self.fc2(torch.relu(self.fc1(x)))
+
+
+@pytest.mark.parametrize("idiom", ["data.copy_", "numpy_view", "ema"])
+def test_background_check_sees_changes_that_bump_no_version(idiom):
+    from torch_fl.bpu.conversion import freezing
+
+    if freezing._usable_cpus() < 2:
+        pytest.skip("one usable CPU: the check runs before the call")
+    model = Wide().eval()
+    x = torch.randn(4, 512)
+    compiled = compile_bpu(model, executor="sim")
+    with report.collect() as reps, torch.no_grad():
+        before = compiled(x)
+        rt = reps[0].runtimes[0]
+        assert rt._frozen is not None and rt._frozen.overlap
+        assert torch.equal(compiled(x), before) and rt.builds == 1
+        IDIOMS[idiom](model)
+        after = compiled(x)
+    assert rt.builds == 2 and not torch.allclose(after, before)
+    assert torch.equal(after, _fresh(model, x, "sim"))
+
+
+def test_one_usable_cpu_checks_before_the_call(monkeypatch):
+    from torch_fl.bpu.conversion import freezing
+
+    monkeypatch.setattr(freezing, "_usable_cpus", lambda: 1)
+    model = Wide().eval()
+    x = torch.randn(4, 512)
+    compiled = compile_bpu(model, executor="sim")
+    with report.collect() as reps, torch.no_grad():
+        before = compiled(x)
+        rt = reps[0].runtimes[0]
+        assert not rt._frozen.overlap
+        _copy_data(model)
+        assert not torch.allclose(compiled(x), before) and rt.builds == 2
+
+
+FORKED_CHILD = """
+import os, torch
+from tests.compile.test_live_weights import Wide, _copy_data
+from tests.compile.bpu_helpers import compile_bpu
+from torch_fl.bpu.conversion import freezing
+model = Wide().eval()
+x = torch.randn(4, 512)
+compiled = compile_bpu(model, executor="sim")
+with torch.no_grad():
+    before = compiled(x)  # the parent's checker thread exists now
+assert compiled._orig_mod is model and freezing._pool is not None
+pid = os.fork()
+if pid == 0:  # the child's exit code says whether it saw the change
+    code = 1
+    try:
+        _copy_data(model)
+        with torch.no_grad():
+            code = 0 if not torch.allclose(compiled(x), before) else 2
+    finally:
+        os._exit(code)
+_, status = os.waitpid(pid, 0)
+raise SystemExit(os.waitstatus_to_exitcode(status))
+"""
+
+
+def test_background_check_in_a_forked_child():
+    """Threads do not survive fork: a forked child gets its own checker thread, not a hang.
+    (In a subprocess with one OpenMP thread: torch's own OpenMP pool hangs a forked child.)"""
+    import os
+    import subprocess
+
+    from torch_fl.bpu.conversion import freezing
+
+    if freezing._usable_cpus() < 2 or not hasattr(os, "fork"):
+        pytest.skip("needs fork and two usable CPUs")
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    done = subprocess.run(
+        [sys.executable, "-c", FORKED_CHILD], env=env, timeout=120, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr[-2000:]

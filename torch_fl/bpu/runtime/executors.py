@@ -9,8 +9,10 @@ converts. Which one runs is chosen in registry.py.
 
 from __future__ import annotations
 
+import ctypes
 import importlib
 import importlib.util
+import os
 from collections.abc import Sequence
 from typing import Protocol
 
@@ -83,7 +85,9 @@ class SimExecutor:
         if threads:
             options.intra_op_num_threads = threads
             options.inter_op_num_threads = 1
-        self.session = ort.InferenceSession(onnx_bytes, options, providers=["CPUExecutionProvider"])
+        self._open = lambda: ort.InferenceSession(onnx_bytes, options, ["CPUExecutionProvider"])
+        self.session = self._open()
+        self._pid = os.getpid()
         self.input_names = tuple(i.name for i in self.session.get_inputs())
         self.output_names = [o.name for o in self.session.get_outputs()]
         known = set(self.input_names)
@@ -108,11 +112,34 @@ class SimExecutor:
         self._views = (tuple(args[pos].data_ptr() for _, pos in self._weights), feed)
         return feed
 
+    def _reopen_after_fork(self) -> None:
+        """ORT sessions do not survive fork: their thread pools stay in the parent, and
+        destroying one in the child joins threads that are not there (a deadlock). The child
+        keeps the parent's session object forever and opens its own."""
+        _keep_forever(self.session)
+        self.session = self._open()
+        self._run = self.session.run
+        self._pid = os.getpid()
+
+    def __del__(self) -> None:
+        try:
+            if self._pid != os.getpid():
+                _keep_forever(self.session)
+        except (AttributeError, TypeError):
+            pass  # a half-built executor, or interpreter shutdown (modules already cleared)
+
     def __call__(self, args: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
+        if os.getpid() != self._pid:
+            self._reopen_after_fork()
         feed = dict(self._weight_feed(args))
         for name, pos in self._inputs:
             feed[name] = args[pos].detach().numpy()
         return tuple(map(torch.from_numpy, self._run(self.output_names, feed)))
+
+
+def _keep_forever(obj: object) -> None:
+    """One reference that is never dropped: `obj` is never destroyed in this process."""
+    ctypes.pythonapi.Py_IncRef(ctypes.py_object(obj))
 
 
 _NP_DTYPES = {
