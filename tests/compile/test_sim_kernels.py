@@ -331,3 +331,26 @@ def test_kernel_path_reported_and_used(options, path):
 def test_bad_kernel_setting_is_rejected():
     with pytest.raises(bpu.SettingsError, match="sim_kernels.*valid: auto\\|u8s8\\|u8u8\\|float"):
         bpu.resolve({"sim_kernels": "avx"})
+
+
+def test_integer_form_ort_rejects_falls_back_to_float_with_a_warning(monkeypatch):
+    """A graph whose integer form ONNX Runtime cannot load still runs, exactly, on float Q/DQ."""
+    from torch_fl.bpu.runtime import executors
+
+    def broken(model, path):
+        bad = onnx.ModelProto()
+        bad.CopyFrom(model)
+        bad.graph.node[0].op_type = "NoSuchOp"
+        return bad
+
+    monkeypatch.setattr(executors, "to_integer_form", broken)
+    model, x = build("resnet18")
+    torch._dynamo.reset()
+    with report.collect() as reps, torch.no_grad():
+        with pytest.warns(UserWarning, match="integer kernels could not run.*float Q/DQ"):
+            out = compile_bpu(model, executor="sim", cache=False, sim_kernels="u8u8")(x)
+        ref = model(x)
+    (partition,) = report.Report(list(reps)).partitions
+    assert partition.sim_kernels["path"] == "float"
+    assert "u8u8 form rejected" in partition.sim_kernels["reason"]
+    assert F.cosine_similarity(out.flatten(), ref.flatten(), 0) > 0.98

@@ -13,6 +13,7 @@ import ctypes
 import importlib
 import importlib.util
 import os
+import warnings
 from collections.abc import Sequence
 from typing import Protocol
 
@@ -69,25 +70,27 @@ class SimExecutor:
         kernels: KernelChoice | None = None,
     ) -> None:
         """`kernels`: the path of runtime/sim_kernels.py (None: float Q/DQ)."""
-        import onnxruntime as ort
-
         self.kernels = kernels or KernelChoice("float", "float Q/DQ")
-        options = ort.SessionOptions()
-        options.log_severity_level = 3
+        self._threads = threads
+        if self.kernels.path != "float":
+            try:
+                # the integer form ORT fuses into QLinearConv/QGemm/...; the path was probed
+                # exact on this CPU
+                model = to_integer_form(onnx.load_from_string(onnx_bytes), self.kernels.path)
+                self._open_session(model.SerializeToString(), fused=True)
+            except Exception as exc:  # noqa: BLE001  (any rejection: the float path is exact)
+                why = str(exc).strip().splitlines()[0][:160] if str(exc).strip() else ""
+                self.kernels = KernelChoice(
+                    "float", f"{self.kernels.path} form rejected ({type(exc).__name__}: {why})"
+                )
+                warnings.warn(
+                    f"torch_fl.bpu: sim: the {kernels.path} integer kernels could not run this "
+                    f"partition ({type(exc).__name__}: {why}); it runs with float Q/DQ (the same "
+                    "int8 numbers, slower)",
+                    stacklevel=2,
+                )
         if self.kernels.path == "float":
-            # Q/DQ as explicit rounding steps around float kernels: ORT must not fuse them into
-            # integer kernels that may saturate on this CPU (sim_kernels.py).
-            options.add_session_config_entry("session.disable_quant_qdq", "1")
-        else:
-            # the integer form ORT fuses into QLinearConv/QGemm/...: the path was probed exact
-            model = to_integer_form(onnx.load_from_string(onnx_bytes), self.kernels.path)
-            onnx_bytes = model.SerializeToString()
-        if threads:
-            options.intra_op_num_threads = threads
-            options.inter_op_num_threads = 1
-        self._open = lambda: ort.InferenceSession(onnx_bytes, options, ["CPUExecutionProvider"])
-        self.session = self._open()
-        self._pid = os.getpid()
+            self._open_session(onnx_bytes, fused=False)
         self.input_names = tuple(i.name for i in self.session.get_inputs())
         self.output_names = [o.name for o in self.session.get_outputs()]
         known = set(self.input_names)
@@ -111,6 +114,22 @@ class SimExecutor:
         feed = {name: args[pos].detach().numpy() for name, pos in self._weights}
         self._views = (tuple(args[pos].data_ptr() for _, pos in self._weights), feed)
         return feed
+
+    def _open_session(self, onnx_bytes: bytes, fused: bool) -> None:
+        import onnxruntime as ort
+
+        options = ort.SessionOptions()
+        options.log_severity_level = 3
+        if not fused:
+            # Q/DQ as explicit rounding steps around float kernels: ORT must not fuse them into
+            # integer kernels that may saturate on this CPU (sim_kernels.py).
+            options.add_session_config_entry("session.disable_quant_qdq", "1")
+        if self._threads:
+            options.intra_op_num_threads = self._threads
+            options.inter_op_num_threads = 1
+        self._open = lambda: ort.InferenceSession(onnx_bytes, options, ["CPUExecutionProvider"])
+        self.session = self._open()
+        self._pid = os.getpid()
 
     def _reopen_after_fork(self) -> None:
         """ORT sessions do not survive fork: their thread pools stay in the parent, and
