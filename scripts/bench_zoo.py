@@ -61,7 +61,9 @@ def _interleaved_medians(fns: dict, iters: int, warmup: int = 2) -> dict[str, fl
     return {k: statistics.median(v) for k, v in samples.items()}
 
 
-def run_model(name: str, scale: str, iters: int, timing: bool, inductor: bool, cache: str) -> dict:
+def run_model(
+    name: str, scale: str, iters: int, timing: bool, inductor: bool, cache: str, kernels: str
+) -> dict:
     import torch
 
     import torch_fl.bpu as bpu
@@ -74,7 +76,7 @@ def run_model(name: str, scale: str, iters: int, timing: bool, inductor: bool, c
         row["graph_breaks"] = report.graph_breaks(model, x)
     with torch.no_grad():
         ref = model(x)
-    base = {"cache_dir": cache, "sim_threads": 1}
+    base = {"cache_dir": cache, "sim_threads": 1, "sim_kernels": kernels}
 
     torch._dynamo.reset()
     with report.collect() as reps, torch.no_grad():
@@ -207,6 +209,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", default=str(ROOT / "out" / "bench_zoo.json"))
     parser.add_argument("--no-timing", action="store_true")
     parser.add_argument("--no-inductor", action="store_true")
+    parser.add_argument(
+        "--sim-kernels",
+        default="auto",
+        choices=("auto", "u8s8", "u8u8", "float"),
+        help="the sim executor's kernel path (u8u8: what a CPU without VNNI runs)",
+    )
     args = parser.parse_args(argv)
 
     import torch
@@ -226,7 +234,13 @@ def main(argv: list[str] | None = None) -> int:
         t0 = time.perf_counter()
         try:
             row = run_model(
-                name, args.scale, args.iters, not args.no_timing, not args.no_inductor, cache
+                name,
+                args.scale,
+                args.iters,
+                not args.no_timing,
+                not args.no_inductor,
+                cache,
+                args.sim_kernels,
             )
         except Exception as exc:  # one broken model must not hide the others' numbers
             row = {"model": name, "error": f"{type(exc).__name__}: {str(exc)[:300]}"}
@@ -243,7 +257,7 @@ def main(argv: list[str] | None = None) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     from torch_fl.bpu.runtime.sim_kernels import choose
 
-    kernels = choose("auto")
+    kernels = choose(args.sim_kernels)
     meta = {
         "scale": args.scale,
         "threads": 1,
