@@ -217,18 +217,24 @@ class Wide(nn.Module):
         return self.fc2(torch.relu(self.fc1(x)))
 
 
+def _wide_compiled():
+    """A compiled Wide after its first call: (model, input, compiled, its runtime, output)."""
+    model = Wide().eval()
+    x = torch.randn(4, 512)
+    compiled = compile_bpu(model, executor="sim")
+    with report.collect() as reps, torch.no_grad():
+        before = compiled(x)
+    return model, x, compiled, reps[0].runtimes[0], before
+
+
 @pytest.mark.parametrize("idiom", ["data.copy_", "numpy_view", "ema"])
 def test_background_check_sees_changes_that_bump_no_version(idiom):
     from torch_fl.bpu.conversion import freezing
 
     if freezing._usable_cpus() < 2:
         pytest.skip("one usable CPU: the check runs before the call")
-    model = Wide().eval()
-    x = torch.randn(4, 512)
-    compiled = compile_bpu(model, executor="sim")
-    with report.collect() as reps, torch.no_grad():
-        before = compiled(x)
-        rt = reps[0].runtimes[0]
+    model, x, compiled, rt, before = _wide_compiled()
+    with torch.no_grad():
         assert rt._frozen is not None and rt._frozen.overlap
         assert torch.equal(compiled(x), before) and rt.builds == 1
         IDIOMS[idiom](model)
@@ -241,12 +247,8 @@ def test_one_usable_cpu_checks_before_the_call(monkeypatch):
     from torch_fl.bpu.conversion import freezing
 
     monkeypatch.setattr(freezing, "_usable_cpus", lambda: 1)
-    model = Wide().eval()
-    x = torch.randn(4, 512)
-    compiled = compile_bpu(model, executor="sim")
-    with report.collect() as reps, torch.no_grad():
-        before = compiled(x)
-        rt = reps[0].runtimes[0]
+    model, x, compiled, rt, before = _wide_compiled()
+    with torch.no_grad():
         assert not rt._frozen.overlap
         _copy_data(model)
         assert not torch.allclose(compiled(x), before) and rt.builds == 2

@@ -76,6 +76,14 @@ def _strip_volatile(model: onnx.ModelProto) -> None:
     del model.metadata_props[:]
 
 
+def attribute(node: onnx.NodeProto, name: str, default=None):
+    """The value of `node`'s attribute `name`, or `default` when the node does not set it."""
+    for attr in node.attribute:
+        if attr.name == name:
+            return onnx.helper.get_attribute_value(attr)
+    return default
+
+
 def canonical_bytes(model: onnx.ModelProto) -> bytes:
     """Deterministic serialization: the cache key hashes exactly these bytes."""
     return model.SerializeToString(deterministic=True)

@@ -20,18 +20,12 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-
-def _attr(node: onnx.NodeProto, name: str, default):
-    for attribute in node.attribute:
-        if attribute.name == name:
-            return helper.get_attribute_value(attribute)
-    return default
+from torch_fl.bpu.conversion.export import attribute
 
 
 class _Folder:
     def __init__(self, model: onnx.ModelProto, weights: Sequence[str]) -> None:
         graph = model.graph
-        self.graph = graph
         self.constant = set(weights) | {i.name for i in graph.initializer}
         self.types = {v.name: v for v in list(graph.input) + list(graph.value_info)}
         self.readers: dict[str, int] = {}
@@ -49,7 +43,9 @@ class _Folder:
     def foldable(self, conv: onnx.NodeProto | None, bn: onnx.NodeProto) -> bool:
         if conv is None or conv.op_type != "Conv" or bn.op_type != "BatchNormalization":
             return False
-        if _attr(bn, "training_mode", 0) or len(bn.output) != 1:
+        if attribute(bn, "training_mode", 0) or len(bn.output) != 1:
+            return False
+        if conv.input[1] not in self.types:  # its rank shapes gamma's broadcast
             return False
         out = conv.output[0]
         if self.readers.get(out, 0) != 1 or out in self.outputs:
@@ -62,9 +58,9 @@ class _Folder:
         tag = f"bnfold::{bn.output[0]}"
         gamma, beta, mean, var = bn.input[1:5]
         weight = conv.input[1]
-        eps = float(_attr(bn, "epsilon", 1e-5))
+        eps = float(attribute(bn, "epsilon", 1e-5))
         eps_name = self.const(f"{tag}/eps", np.array(eps, np.float32))
-        rank = len(self.types[weight].type.tensor_type.shape.dim) if weight in self.types else 4
+        rank = len(self.types[weight].type.tensor_type.shape.dim)
         shape = self.const(f"{tag}/shape", np.array([-1] + [1] * (rank - 1), np.int64))
         names = {k: f"{tag}/{k}" for k in ("var_eps", "std", "k", "k_w", "w", "shift", "b")}
         nodes = [
@@ -75,7 +71,6 @@ class _Folder:
             helper.make_node("Mul", [weight, names["k_w"]], [names["w"]]),
         ]
         bias = conv.input[2] if len(conv.input) > 2 and conv.input[2] else None
-        centred = mean
         if bias is not None:
             centred = f"{tag}/centred"
             nodes.append(helper.make_node("Sub", [bias, mean], [centred]))
@@ -85,11 +80,10 @@ class _Folder:
             nodes.append(helper.make_node("Mul", [mean, names["k"]], [names["shift"]]))
             nodes.append(helper.make_node("Sub", [beta, names["shift"]], [names["b"]]))
         # live_weights reads each quantized weight's rank from value_info
-        if weight in self.types:
-            info = onnx.ValueInfoProto()
-            info.CopyFrom(self.types[weight])
-            info.name = names["w"]
-            self.infos.append(info)
+        info = onnx.ValueInfoProto()
+        info.CopyFrom(self.types[weight])
+        info.name = names["w"]
+        self.infos.append(info)
         self.infos.append(helper.make_tensor_value_info(names["b"], onnx.TensorProto.FLOAT, None))
         folded = onnx.NodeProto()
         folded.CopyFrom(conv)

@@ -28,6 +28,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from torch_fl.bpu.conversion.export import attribute
 from torch_fl.bpu.conversion.qdq import BIAS_QMAX
 from torch_fl.bpu.errors import QuantizationError
 
@@ -187,13 +188,6 @@ class _Builder:
         return q, scale
 
 
-def _attr(node: onnx.NodeProto, name: str):
-    for attribute in node.attribute:
-        if attribute.name == name:
-            return helper.get_attribute_value(attribute)
-    return None
-
-
 def make_live(
     wg: WeightGraph,
     baked: onnx.ModelProto,
@@ -229,7 +223,7 @@ def make_live(
             continue  # left in float by the pass: the live tensor is read directly
         if dq.op_type != "DequantizeLinear" or dq.input[0] not in inits:
             raise QuantizationError(f"unexpected weight quantization of {weight!r}: {dq.op_type}")
-        axis = _attr(dq, "axis") if len(dq.input) > 1 else None
+        axis = attribute(dq, "axis") if len(dq.input) > 1 else None
         if weight not in ranks:
             raise QuantizationError(f"no shape recorded for weight tensor {weight!r}")
         q, scale = build.weight(weight, ranks[weight], axis)

@@ -61,7 +61,7 @@ def has_int32_dot(flags: frozenset[str]) -> bool:
 
 def _probe_model(channels: int, k: int) -> tuple[onnx.ModelProto, float, float, float]:
     """A DQ -> Conv -> Q group in the reference form (int8, zero point 0)."""
-    x_scale, w_scale, y_scale = 0.02, 0.01, 0.0
+    x_scale, w_scale = 0.02, 0.01
     w = np.full((channels, channels, k, k), 127, np.int8)
     # as many products as the conv adds, at full scale: the output must still fit int8
     y_scale = channels * k * k * 127 * 127 * x_scale * w_scale / 120.0
@@ -125,7 +125,7 @@ def probe(path: str, runner=_ort_runner) -> str | None:
     channels, k = 64, 3
     model, x_scale, w_scale, y_scale = _probe_model(channels, k)
     run = runner(to_integer_form(model, path))
-    w = numpy_helper.to_array(model.graph.initializer[2])
+    w = next(numpy_helper.to_array(i) for i in model.graph.initializer if i.name == "w")
     rng = np.random.default_rng(0)
     shape = (1, channels, 6, 6)
     cases = {
