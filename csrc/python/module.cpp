@@ -2,7 +2,9 @@
 // kernels (aten/) know nothing about Python.
 #include <pybind11/pybind11.h>
 #include <torch/csrc/Generator.h>
+#include <torch/csrc/autograd/python_variable.h>
 
+#include "aten/cpu_alias.h"
 #include "aten/cpu_fallback.h"
 #include "runtime/caching_allocator.h"
 #include "runtime/device_guard.h"
@@ -44,6 +46,26 @@ PYBIND11_MODULE(_C, m) {
 
   m.def("_set_fallback_mode", &torch_fl::set_fallback_mode, py::arg("mode"));
   m.def("_fallback_mode", &torch_fl::fallback_mode);
+
+  // Zero-copy CPU views for code that needs CPU tensors (numpy, ONNX Runtime): the compile
+  // backend's executors. The view does not own the memory: the caller keeps the flagos tensor
+  // alive while the view is in use.
+  m.def("_cpu_view", [](py::handle obj) {
+    TORCH_CHECK(THPVariable_Check(obj.ptr()), "_cpu_view: expected a torch.Tensor");
+    const at::Tensor& t = THPVariable_Unpack(obj.ptr());
+    TORCH_CHECK(torch_fl::is_flagos(t), "_cpu_view: expected a flagos tensor, got ", t.device());
+    return py::reinterpret_steal<py::object>(THPVariable_Wrap(torch_fl::cpu_alias(t)));
+  });
+  // A CPU result as a flagos tensor: adopted without a copy on host memory, copied into a UCP
+  // block on a board (the BPU reads only UCP memory).
+  m.def("_from_cpu", [](py::handle obj, int index) {
+    TORCH_CHECK(THPVariable_Check(obj.ptr()), "_from_cpu: expected a torch.Tensor");
+    const at::Tensor& t = THPVariable_Unpack(obj.ptr());
+    TORCH_CHECK(t.device().is_cpu(), "_from_cpu: expected a CPU tensor, got ", t.device());
+    c10::Device device(c10::DeviceType::PrivateUse1, static_cast<c10::DeviceIndex>(index));
+    return py::reinterpret_steal<py::object>(
+        THPVariable_Wrap(torch_fl::to_device_result(t, device)));
+  });
 
   m.def("_device_count", [] { return static_cast<int>(torch_fl::kDeviceCount); });
   m.def("_current_device", [] { return static_cast<int>(torch_fl::current_device()); });

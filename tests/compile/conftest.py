@@ -19,6 +19,10 @@ def isolated(tmp_path, monkeypatch):
     monkeypatch.setenv("FLAGOS_BPU_CACHE", str(tmp_path / "cache"))
     monkeypatch.setenv("FLAGOS_BPU_DRIVER", "none")
     torch.manual_seed(0)
+    # each test starts like a new process with an empty cache: no calibration remembered
+    from torch_fl.bpu.conversion.calibration_store import STORE
+
+    STORE.clear_memory()
     yield
     torch._dynamo.reset()
 

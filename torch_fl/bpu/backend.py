@@ -20,10 +20,10 @@ from torch import fx
 from torch._dynamo.backends.common import aot_autograd
 from torch._functorch.aot_autograd import make_boxed_func
 
-from torch_fl.bpu import gradmode
+from torch_fl.bpu import gradmode, shapes
 from torch_fl.bpu import report as reporting
 from torch_fl.bpu.build import PartitionSpec
-from torch_fl.bpu.errors import StrictModeError
+from torch_fl.bpu.errors import BpuError, SettingsError, StrictModeError, through_dynamo
 from torch_fl.bpu.lowering import apply_rewrites
 from torch_fl.bpu.lowering.resize import keep_interpolate_whole
 from torch_fl.bpu.partitioning import partition_graph
@@ -61,7 +61,7 @@ def _host_forward_compiler(gm: fx.GraphModule, example_inputs, reason: str):
     _graph_counter += 1
     greport.runtimes = []
     reporting.register(greport)
-    return make_boxed_func(gm.forward)
+    return make_boxed_func(reporting.noting(greport, gm.forward))
 
 
 def _shape(node: fx.Node):
@@ -155,13 +155,40 @@ def compile_inference(
         text = reporting.Report([greport])
         print(text.table() if settings.report == "table" else text.to_json(), file=sys.stderr)
     log.info("bpu graph %d: %d partition(s)", graph_id, len(plan.partition_names))
-    return make_boxed_func(fused.forward)
+    return make_boxed_func(reporting.noting(greport, fused.forward))
 
 
-def bpu_backend(gm: fx.GraphModule, example_inputs, options: dict[str, Any] | None = None):
-    """torch.compile backend "bpu"; `options` are documented in torch_fl.bpu.settings."""
-    settings = resolve(options)
-    grad = gradmode.plan(gm, example_inputs)
+def bpu_backend(
+    gm: fx.GraphModule,
+    example_inputs,
+    options: dict[str, Any] | None = None,
+    mode: str | None = None,
+):
+    """torch.compile backend "bpu"; `options` are documented in torch_fl.bpu.settings.
+
+    `mode` (torch.compile's `mode=`, e.g. "max-autotune") is accepted and changes nothing: the
+    BPU compiler's own effort is `options={"opt_level": ...}`. Errors of ours surface through
+    torch.compile as themselves (`except torch_fl.bpu.BpuError` catches them), not wrapped in
+    Dynamo's BackendCompilerFailed.
+    """
+    try:
+        if mode is not None and not isinstance(mode, str):
+            raise SettingsError(
+                f"bpu backend: torch.compile(mode=...) must be a string, got {type(mode).__name__}"
+            )
+        if mode not in (None, "default"):
+            log.info("bpu: torch.compile(mode=%r) has no effect on this backend", mode)
+        settings = resolve(options)
+        grad = gradmode.plan(gm, example_inputs)
+        if grad.mode != gradmode.HOST_TRAINING and shapes.symbolic(example_inputs):
+            return shapes.StaticShapes(gm, settings, grad, _compile_graph)
+        return _compile_graph(gm, example_inputs, settings, grad)
+    except BpuError as exc:
+        raise through_dynamo(exc) from exc.__cause__
+
+
+def _compile_graph(gm: fx.GraphModule, example_inputs, settings: BpuSettings, grad):
+    """One Dynamo graph with static shapes (or a training graph, which runs on the host)."""
     if grad.mode != gradmode.HOST_TRAINING:
         keep_interpolate_whole(gm)
     inference = functools.partial(compile_inference, settings=settings, grad_mode=grad.mode)

@@ -64,6 +64,13 @@ class PartitionSpec:
             self.fingerprint = h.hexdigest()[:20]
 
     @property
+    def family(self) -> str:
+        """The fingerprint with shapes left out: the same graph at another input shape."""
+        from torch_fl.bpu.conversion.calibration_store import family_of
+
+        return family_of(self.gm)
+
+    @property
     def output_names(self) -> list[str]:
         return [f"output_{i}" for i in range(self.n_outputs)]
 

@@ -93,7 +93,7 @@ def writing(root: Path, what: str) -> Iterator[None]:
         ) from None
 
 
-def _read_regular(path: Path) -> bytes:
+def read_regular(path: Path) -> bytes:
     """The bytes of `path` if it is a regular file, not a symlink; else OSError.
 
     A FIFO or a link to /dev/zero in a hostile cache would block or never end; a link would read
@@ -181,7 +181,7 @@ class ArtifactCache:
             self._discard(directory, "the entry is a symbolic link, not a directory in the cache")
             return None
         try:
-            meta = json.loads(_read_regular(manifest).decode("utf-8"))
+            meta = json.loads(read_regular(manifest).decode("utf-8"))
         except FileNotFoundError:
             return None
         except NotADirectoryError:
@@ -273,7 +273,7 @@ class ArtifactCache:
             return {}
         path = self.root / "index" / f"{graph_key}.json"
         try:
-            data = json.loads(_read_regular(path).decode("utf-8"))
+            data = json.loads(read_regular(path).decode("utf-8"))
         except (FileNotFoundError, NotADirectoryError):
             return {}
         except (OSError, ValueError) as exc:

@@ -55,3 +55,32 @@ class CalibrationRunError(CalibrationError, RuntimeError):
 
 class ExplainError(BpuError, RuntimeError):
     """explain() saw no graph reach the backend."""
+
+
+_SURFACED: dict[type, type] = {}
+
+
+def through_dynamo(exc: BpuError) -> BpuError:
+    """`exc` as an instance Dynamo re-raises unwrapped.
+
+    Dynamo wraps what a backend raises in BackendCompilerFailed, so `except SettingsError`
+    around a compiled call would miss it. It passes its own ShortenTraceback through; a subclass
+    of both the error's class and ShortenTraceback keeps every `except` clause of ours working.
+    """
+    try:
+        from torch._dynamo.exc import ShortenTraceback
+    except ImportError:  # another torch layout: the plain error is still right
+        return exc
+    if isinstance(exc, ShortenTraceback):
+        return exc
+    cls = type(exc)
+    surfaced = _SURFACED.get(cls)
+    if surfaced is None:
+        surfaced = type(cls.__name__, (cls, ShortenTraceback), {"__module__": cls.__module__})
+        surfaced.__qualname__ = cls.__qualname__
+        _SURFACED[cls] = surfaced
+    new = surfaced.__new__(surfaced, *exc.args)
+    new.args = exc.args
+    new.first_useful_frame = None
+    new.__dict__.update(exc.__dict__)
+    return new

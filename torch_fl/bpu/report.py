@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -19,6 +19,9 @@ import torch
 _COLLECTOR: contextvars.ContextVar[list | None] = contextvars.ContextVar(
     "torch_fl_bpu_report_collector", default=None
 )
+_RAN: list | None = None
+"""While `ran()` is active: the reports of the graphs that ran (explain on a compiled model).
+A module global, not a context variable: the hot path pays one global read per graph call."""
 
 
 @dataclass
@@ -39,6 +42,9 @@ class PartitionEntry:
     """int8 vs float on the calibration samples (cosine, saturated/zeroed %), once calibrated."""
     sim_kernels: dict | None = None
     """sim executor only: {"path": u8s8|u8u8|float, "reason": why this CPU got it}."""
+    calibration: dict | None = None
+    """{"state": calibrated|uncalibrated|float, "source": where the scales came from}; set on
+    the first call of an int8 partition."""
 
 
 @dataclass
@@ -137,6 +143,13 @@ class Report:
         }
         for path, why in sorted(kernels):
             lines.append(f"sim kernels: {path} ({why})")
+        calibrations = [(g.graph_id, p) for g in self.graphs for p in g.partitions if p.calibration]
+        if calibrations:
+            lines.append("calibration: graph/part state (source)")
+            for graph_id, p in calibrations:
+                cal = p.calibration
+                flag = "  DEFAULT SCALE" if cal["state"] == "uncalibrated" else ""
+                lines.append(f"  {graph_id}/{p.id} {cal['state']} ({cal['source']}){flag}")
         if self.graph_breaks:
             lines.append(
                 f"Dynamo graph breaks: {len(self.graph_breaks)} (the code after each ran eagerly "
@@ -189,6 +202,32 @@ def collect() -> Iterator[list[GraphReport]]:
         yield reports
     finally:
         _COLLECTOR.reset(token)
+
+
+def noting(report: GraphReport, forward: Callable) -> Callable:
+    """`forward`, noting `report` in the active `ran()` list on each call."""
+
+    def run(*args):
+        seen = _RAN
+        if seen is not None:
+            seen.append(report)
+        return forward(*args)
+
+    return run
+
+
+@contextlib.contextmanager
+def ran() -> Iterator[list[GraphReport]]:
+    """The reports of the compiled graphs that run inside the block, in call order."""
+    global _RAN
+    outer, seen = _RAN, []
+    _RAN = seen
+    try:
+        yield seen
+    finally:
+        _RAN = outer
+        if outer is not None:
+            outer.extend(seen)
 
 
 def graph_breaks(model: torch.nn.Module, *inputs: Any) -> list[dict]:

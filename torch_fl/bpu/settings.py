@@ -9,6 +9,7 @@ for the next compilation without restarting Python.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import math
 import numbers
 import os
@@ -22,7 +23,7 @@ from torch_fl.targets import MARCHES
 
 EXECUTORS = ("auto", "hbm", "sim", "eager")
 DRIVERS = ("auto", "native", "emulated", "none")
-CALIBRATE_MODES = ("none", "first-call")
+CALIBRATE_MODES = ("auto", "first-call", "require", "none")
 CALIB_METHODS = ("max", "percentile")
 ON_STALE = ("recompile", "eager")
 SIM_WEIGHTS = ("live", "checked")
@@ -67,7 +68,10 @@ def _choice(choices: tuple[str, ...]) -> Callable[[Any], str]:
             raise ValueError(f"expected a string, got {type(value).__name__}")
         text = value.strip().lower()
         if text not in choices:
-            raise ValueError("not one of the choices")
+            close = difflib.get_close_matches(text, choices, n=1)
+            raise ValueError(
+                "not one of the choices" + (f" (did you mean {close[0]!r}?)" if close else "")
+            )
         return text
 
     return parse
@@ -207,17 +211,21 @@ class BpuSettings:
         "A `Calibration` object or a path to its JSON, applied to every partition.",
     )
     calibrate: str = _option(
-        "none",
+        "auto",
         _choice(CALIBRATE_MODES),
         "|".join(CALIBRATE_MODES),
-        "`first-call`: calibrate each partition on the inputs of its first real call.",
+        "What an int8 partition does when no calibration is stored for it (calibration is found "
+        "again after recompiles and restarts: `calibration` option, this process's calibrations, "
+        "the cache). `auto`: calibrate on its first call's inputs and warn once, naming the "
+        "partition; `first-call`: the same without the warning; `require`: raise "
+        "CalibrationError; `none`: run with the default `act_scale` and warn once.",
         "FLAGOS_BPU_CALIBRATE",
     )
     calib_method: str = _option(
         "max",
         _choice(CALIB_METHODS),
         "|".join(CALIB_METHODS),
-        "How `first-call` calibration turns activation ranges into scales.",
+        "How calibration on a first call (`auto`, `first-call`) turns ranges into scales.",
     )
     calib_percentile: float = _option(
         99.99,
@@ -253,6 +261,14 @@ class BpuSettings:
         _int_in(0, 1_000_000),
         "an integer in [0, 1000000]",
         "Partitions with fewer compute ops stay on the CPU (submission overhead dominates).",
+    )
+    max_shapes: int = _option(
+        8,
+        _int_in(1, 1024),
+        "an integer in [1, 1024]",
+        "Static input shapes (batch sizes, resolutions) one compiled graph builds BPU artifacts "
+        "for; a shape beyond them runs on the host with one warning.",
+        "FLAGOS_BPU_MAX_SHAPES",
     )
     on_stale: str = _option(
         "recompile",
@@ -377,8 +393,14 @@ def resolve(options: Mapping[str, Any] | None = None) -> BpuSettings:
     options = dict(options)
     unknown = sorted(str(k) for k in set(options) - set(_FIELDS))
     if unknown:
+        hints = []
+        for name in unknown:
+            close = difflib.get_close_matches(name, list(_FIELDS), n=1)
+            if close:
+                hints.append(f"{name!r}: did you mean {close[0]!r}?")
+        hint = (" (" + "; ".join(hints) + ")") if hints else ""
         raise SettingsError(
-            f"bpu backend: unknown option(s) {', '.join(unknown)}. Valid options:\n"
+            f"bpu backend: unknown option(s) {', '.join(unknown)}{hint}. Valid options:\n"
             f"{valid_options()}"
         )
     values: dict[str, Any] = {}

@@ -27,18 +27,41 @@ HEALTH_COSINE = 0.99  # below this output cosine vs float, calibration warns
 
 
 class Calibration:
-    """Per-partition activation scales: {fingerprint: {tensor_name: scale}}."""
+    """Per-partition activation scales: {fingerprint: {tensor_name: scale}}.
+
+    `families` maps a partition's shape-free structure digest to a fingerprint, and `names`
+    keeps each fingerprint's quantized tensors in graph order, so a saved calibration also
+    applies to the same graph at another batch size (`for_family`; the runtime maps the scales
+    onto the new partition's tensors by position).
+    """
 
     def __init__(
-        self, scales: Mapping[str, Mapping[str, float]] | None = None, method: str = "max"
+        self,
+        scales: Mapping[str, Mapping[str, float]] | None = None,
+        method: str = "max",
+        families: Mapping[str, str] | None = None,
+        names: Mapping[str, Sequence[str]] | None = None,
     ) -> None:
         self.scales: dict[str, dict[str, float]] = {
             k: {n: float(s) for n, s in v.items()} for k, v in (scales or {}).items()
         }
         self.method = method
+        self.names: dict[str, list[str]] = {
+            str(k): [str(n) for n in v] for k, v in (names or {}).items() if k in self.scales
+        }
+        self.families: dict[str, str] = {
+            str(k): str(v) for k, v in (families or {}).items() if v in self.names
+        }
 
     def for_partition(self, fingerprint: str) -> dict[str, float] | None:
         return self.scales.get(fingerprint)
+
+    def for_family(self, family: str) -> tuple[dict[str, float], list[str]] | None:
+        """(scales, tensor names in graph order) of a partition with this structure, if any."""
+        fingerprint = self.families.get(family)
+        if fingerprint is None:
+            return None
+        return self.scales[fingerprint], self.names[fingerprint]
 
     def __len__(self) -> int:
         return len(self.scales)
@@ -49,7 +72,13 @@ class Calibration:
 
     def to_json(self) -> str:
         return json.dumps(
-            {"format": FORMAT_VERSION, "method": self.method, "scales": self.scales},
+            {
+                "format": FORMAT_VERSION,
+                "method": self.method,
+                "scales": self.scales,
+                "families": self.families,
+                "names": self.names,
+            },
             indent=1,
             sort_keys=True,
         )
@@ -72,7 +101,9 @@ class Calibration:
                 f"{path} is not a torch_fl.bpu calibration file (format {FORMAT_VERSION}); "
                 "recreate it with torch_fl.bpu.calibrate(...).save(path)"
             )
-        return cls(data["scales"], data.get("method", "max"))
+        return cls(
+            data["scales"], data.get("method", "max"), data.get("families"), data.get("names")
+        )
 
 
 class RangeObserver:
@@ -236,5 +267,7 @@ def merge(calibrations: Iterable[Calibration]) -> Calibration:
     merged = Calibration()
     for cal in calibrations:
         merged.scales.update(cal.scales)
+        merged.names.update(cal.names)
+        merged.families.update(cal.families)
         merged.method = cal.method
     return merged

@@ -25,6 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 import torch
 
 from torch_fl.bpu.errors import ExecutorUnavailableError
+from torch_fl.host_view import cpu_view
 
 
 def _hasher():
@@ -64,7 +65,7 @@ def _byte_view(tensor: torch.Tensor):
 
     The view holds the storage alive, so while the tensor keeps this data pointer, the view
     reads exactly the bytes the tensor holds."""
-    dense = tensor.detach()
+    dense = cpu_view(tensor)  # a flagos weight: a view of its host-mapped memory
     if not dense.is_contiguous() or dense.numel() == 0:
         return None
     return dense.reshape(-1).view(torch.uint8).numpy()
@@ -75,7 +76,7 @@ def fingerprint(tensor: torch.Tensor, digest=None) -> int:
     digest = digest or _hasher()
     view = _byte_view(tensor)
     if view is None:
-        dense = tensor.detach().contiguous()
+        dense = cpu_view(tensor).detach().contiguous()
         if dense.numel() == 0:
             return digest(b"")
         view = dense.reshape(-1).view(torch.uint8).numpy()

@@ -24,6 +24,7 @@ import torch
 from torch_fl.bpu.conversion.integer_form import to_integer_form
 from torch_fl.bpu.errors import ArtifactError
 from torch_fl.bpu.runtime.sim_kernels import KernelChoice
+from torch_fl.host_view import cpu_views, to_device
 
 
 class Executor(Protocol):
@@ -154,6 +155,20 @@ class SimExecutor:
         for name, pos in self._inputs:
             feed[name] = args[pos].detach().numpy()
         return tuple(map(torch.from_numpy, self._run(self.output_names, feed)))
+
+
+class OnDevice:
+    """An executor for partitions whose tensors live on `flagos`: the inner executor reads
+    zero-copy CPU views of them, and its outputs come back on the inputs' device."""
+
+    def __init__(self, inner: Executor, device: torch.device) -> None:
+        self.inner = inner
+        self.device = device
+        self.kernels = getattr(inner, "kernels", None)
+
+    def __call__(self, args: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
+        outs = self.inner(cpu_views(args))
+        return tuple(to_device(o, self.device) for o in outs)
 
 
 def _keep_forever(obj: object) -> None:

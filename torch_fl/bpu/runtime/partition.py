@@ -14,18 +14,22 @@ import contextvars
 import logging
 import warnings
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 from torch.autograd.profiler import record_function
 
 from torch_fl.bpu import build as builder
+from torch_fl.bpu.conversion import calibration_store as stored
 from torch_fl.bpu.conversion.calibration import RangeObserver, health
 from torch_fl.bpu.conversion.freezing import FrozenWeights
-from torch_fl.bpu.errors import StrictModeError
+from torch_fl.bpu.conversion.qdq import activation_inputs
+from torch_fl.bpu.errors import CalibrationError, StrictModeError
 from torch_fl.bpu.report import PartitionEntry
-from torch_fl.bpu.runtime.executors import EagerExecutor, Executor
+from torch_fl.bpu.runtime.executors import EagerExecutor, Executor, OnDevice
 from torch_fl.bpu.runtime.registry import EXECUTORS, make_executor
 from torch_fl.bpu.settings import BpuSettings
+from torch_fl.host_view import cpu_views, device_of
 
 log = logging.getLogger("torch_fl.bpu")
 _profiler_enabled = torch.autograd._profiler_enabled
@@ -50,8 +54,9 @@ class PartitionRuntime(torch.nn.Module):
         self.planned = executor
         self.entry = entry
         self.scales: dict[str, float] | None = None
-        if settings.calibration is not None:
-            self.scales = settings.calibration.for_partition(spec.fingerprint)
+        """Set by calibrate() or found on the first call (`_find_scales`); kept across rebuilds."""
+        self._guessed_scales = False
+        """self.scales were measured on one first call (not by calibrate() or a record)."""
         self.last_build: builder.BuildResult | None = None
         self.builds = 0
         self._exec: Executor | None = None
@@ -110,6 +115,10 @@ class PartitionRuntime(torch.nn.Module):
                 self._use_eager("weights changed after compilation (on_stale='eager')")
                 return self.forward(*args)
             log.info("partition %d: weights changed, rebuilding", self.spec.index)
+            if self._guessed_scales:
+                # scales guessed on a first call belong to the old weights: guess again (or
+                # find a calibration of the new ones); calibrate()'s scales are kept
+                self.scales = None
         self._prepare(args)
         return self.forward(*args)
 
@@ -124,9 +133,94 @@ class PartitionRuntime(torch.nn.Module):
         self._exec = None
         self._frozen = None
 
-    def set_scales(self, scales: dict[str, float]) -> None:
+    def set_scales(self, scales: dict[str, float], source: str = "calibrate()") -> None:
         self.scales = dict(scales)
+        self._calibrated(source)
         self.invalidate()
+
+    def _calibrated(self, source: str, state: str = "calibrated", guessed: bool = False) -> None:
+        self.entry.calibration = {"state": state, "source": source}
+        self._guessed_scales = guessed
+
+    def calibration_keys(self, host_args: Sequence[Any]) -> stored.Keys:
+        """The store keys of this partition's calibration with the weights in `host_args`."""
+        weights = stored.weights_digest(host_args[p] for p in self.spec.frozen_positions)
+        return stored.keys(self.spec.fingerprint, self.spec.family, weights)
+
+    def _find_scales(self, host: Sequence[torch.Tensor]) -> None:
+        """Scales for an int8 build: given, stored, carried over from another shape, or
+        measured on this call; never the default scale without a warning (docs/compile.md)."""
+        settings, spec = self.settings, self.spec
+        label = f"partition {spec.index} ({spec.name}, {spec.fingerprint})"
+        if self.scales is not None:
+            return
+        given = settings.calibration
+        if given is not None:
+            found = given.for_partition(spec.fingerprint)
+            if found is not None:
+                self.scales = found
+                self._calibrated("options={'calibration': ...}")
+                return
+        cache_dir = settings.cache_dir if settings.cache else None
+        k = self.calibration_keys(host)
+        hit = stored.STORE.get(k.exact, cache_dir)
+        if hit is not None:
+            record, where = hit
+            self.scales = record.scales
+            self._calibrated(f"{record.source}; found in the {where} store", guessed=record.guessed)
+            return
+        # the same graph at another input shape: scales carried over by tensor position
+        family = given.for_family(spec.family) if given is not None else None
+        hit = stored.STORE.get(k.family, cache_dir)
+        if family is not None or hit is not None:
+            names = activation_inputs(builder.export_float(spec, host))
+            for scales, old_names, source in (
+                (*family, "options={'calibration': ...}") if family else (None, None, ""),
+                (hit[0].scales, hit[0].names, hit[0].source) if hit else (None, None, ""),
+            ):
+                carried = stored.carry(scales, old_names, names) if scales else None
+                if carried is not None:
+                    self.scales = carried
+                    self._calibrated(
+                        f"{source}; carried over from another input shape",
+                        guessed=source.startswith(stored.FIRST_CALL),
+                    )
+                    return
+        mode = settings.calibrate
+        if mode == "require":
+            raise CalibrationError(
+                f"torch_fl.bpu: {label} has no calibration (calibrate='require'). Fix: run "
+                "torch_fl.bpu.calibrate(compiled, samples) before calling the model, or pass "
+                "options={'calibration': <saved file>}"
+            )
+        if mode == "none":
+            if stored.STORE.first_warning(spec.fingerprint):
+                warnings.warn(
+                    f"torch_fl.bpu: {label} runs int8 with the default activation scale "
+                    f"{settings.act_scale} (calibrate='none'): its results may be far from "
+                    "float. Fix: torch_fl.bpu.calibrate(compiled, samples)",
+                    stacklevel=5,
+                )
+            self._calibrated(f"default act_scale {settings.act_scale}", "uncalibrated")
+            return
+        observer = RangeObserver(
+            builder.export_float(spec, host), settings.calib_method, settings.calib_percentile
+        )
+        observer.observe([host[i].detach().numpy() for i in spec.runtime_positions])
+        self.scales = observer.scales()
+        self.entry.quant_health = health(observer, self.scales, settings.act_scale, label)
+        source = f"{stored.FIRST_CALL} (1 sample, {settings.calib_method})"
+        record = stored.Record(self.scales, tuple(observer.names), source, 1, settings.calib_method)
+        stored.STORE.put(k, record, cache_dir)
+        self._calibrated(source, guessed=True)
+        if mode == "auto" and stored.STORE.first_warning(spec.fingerprint):
+            warnings.warn(
+                f"torch_fl.bpu: {label} had no calibration; calibrated it on the inputs of its "
+                "first call (1 sample). For scales that hold on other inputs run "
+                "torch_fl.bpu.calibrate(compiled, representative_samples) once (it is kept for "
+                "recompiles and new processes); calibrate='first-call' silences this",
+                stacklevel=5,
+            )
 
     def _prepare(self, args: Sequence[torch.Tensor]) -> None:
         kind = self.planned
@@ -141,27 +235,23 @@ class PartitionRuntime(torch.nn.Module):
             # is no work to offload (strict mode accepts it).
             self._use_eager("zero-size tensor (runs eagerly)")
             return
-        if (
-            settings.quantize
-            and settings.calibrate == "first-call"
-            and self.scales is None
-            and kind != "eager"
-        ):
-            observer = RangeObserver(
-                builder.export_float(self.spec, args),
-                settings.calib_method,
-                settings.calib_percentile,
-            )
-            observer.observe([args[i].detach().numpy() for i in self.spec.runtime_positions])
-            self.scales = observer.scales()
-            label = f"partition {self.spec.index}"
-            self.entry.quant_health = health(observer, self.scales, settings.act_scale, label)
+        # flagos tensors: zero-copy CPU views for export, numpy and ONNX Runtime
+        device = device_of(args)
+        host = cpu_views(args) if device is not None else args
         how = EXECUTORS[kind]
         try:
+            if settings.quantize:
+                self._find_scales(host)
+            else:
+                self._calibrated("quantize=False", "float")
             result = builder.build(
-                self.spec, args, settings, self.scales, how.needs_hbm, compile_artifact
+                self.spec, host, settings, self.scales, how.needs_hbm, compile_artifact
             )
             executor = make_executor(how, self.spec, settings, result)
+            if device is not None:
+                executor = OnDevice(executor, device)
+        except CalibrationError:
+            raise  # calibrate='require': the user's decision, never a silent fallback
         except Exception as exc:
             if settings.strict or settings.executor != "auto":
                 if settings.strict:
