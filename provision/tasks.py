@@ -83,6 +83,7 @@ def _check_env_file_writable(target, facts: dict) -> None:
 
 @task(
     klass=CliTask,
+    honours_dry=True,  # `invoke --dry provision` plans and checks, changing nothing
     short={"host": "H"},
     iterable=["host"],
     help={

@@ -28,6 +28,11 @@ fi
 # torch first and pinned, so nothing later can resolve an unpinned (CUDA) torch.
 "$VENV/bin/python" -m pip install -q --disable-pip-version-check "torch==2.13.0"
 "$VENV/bin/python" -m pip install -q --disable-pip-version-check -r requirements.txt
+# Public model definitions for the public-zoo lane; ZOO=0 skips them.
+if [ "${ZOO:-1}" != 0 ]; then
+  "$VENV/bin/python" -m pip install -q --disable-pip-version-check --no-deps -r requirements-zoo.txt
+  "$VENV/bin/python" -m pip install -q --disable-pip-version-check -r requirements-zoo-deps.txt
+fi
 # Board-farm controller tools (labgrid, docs/farm.md) in their own venv, away from pytest; FARM=0 skips.
 if [ "${FARM:-1}" != 0 ]; then [ -x .venv-farm/bin/python ] || "$PYTHON" -m venv .venv-farm; .venv-farm/bin/python -m pip install -q --disable-pip-version-check -r requirements-farm.txt; fi
 # No build isolation: compile against the torch installed above.

@@ -89,13 +89,14 @@ def _load_model(spec: str):
 
 
 @task(
+    klass=CliTask,
     help={
         "model": "module:callable returning an nn.Module (e.g. tests.compile.models:ResNet18)",
         "shape": "input shape, comma separated (default 1,3,224,224)",
         "calibration": "calibration JSON from torch_fl.bpu.calibrate(...).save()",
         "march": "BPU march (default $FLAGOS_BPU_MARCH or nash-e)",
         "state_dict": "optional .pt state dict to load into the model",
-    }
+    },
 )
 def compile_host(c, model, shape="1,3,224,224", calibration=None, march=None, state_dict=None):
     """Compile a model's partitions to .hbm artifacts with native hbdk4 (x86_64 host)."""
@@ -127,7 +128,10 @@ def compile_host(c, model, shape="1,3,224,224", calibration=None, march=None, st
     print(f"artifacts in {_cache_root(None)}; ship them with `invoke ship-cache --dest ...`")
 
 
-@task(help={"dest": "user@host[:dir] (ssh) or a local directory", "cache_dir": "cache root"})
+@task(
+    klass=CliTask,
+    help={"dest": "user@host[:dir] (ssh) or a local directory", "cache_dir": "cache root"},
+)
 def ship_cache(c, dest, cache_dir=None):
     """Copy the artifact cache (artifacts + index) to a board, where the same keys hit."""
     root = _cache_root(cache_dir)

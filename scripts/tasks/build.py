@@ -19,10 +19,11 @@ SUPPORTED_ACCELERATORS: tuple[str, ...] = light.load("targets").ACCELERATORS
 
 
 @task(
+    klass=CliTask,
     help={
         "accelerator": f"which accelerator to build for: {', '.join(SUPPORTED_ACCELERATORS)}",
         "debug": "build with -O0 -g instead of -O2 without debug info",
-    }
+    },
 )
 def build(c: Context, accelerator: str = "bpu", debug: bool = False) -> None:
     """Build the torch_fl C++ extension in place against the installed torch."""

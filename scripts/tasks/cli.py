@@ -29,12 +29,56 @@ from scripts import outpaths, progress
 INTERRUPTED_CODE = 130  # 128 + SIGINT, what shells report for Ctrl-C
 
 
-class CliTask(Task):
-    """A Task whose short flags are chosen, not guessed: `@task(klass=CliTask, short={...})`."""
+HELP_WORDS = ("-h", "--help")
 
-    def __init__(self, *args: Any, short: dict[str, str] | None = None, **kwargs: Any) -> None:
+
+class CliTask(Task):
+    """A Task whose short flags are chosen, not guessed: `@task(klass=CliTask, short={...})`.
+
+    Two guards every task gets, because its body never sees them otherwise:
+    - `-h`/`--help` where invoke hands it over as a value (a positional argument or a flag that
+      takes one: `invoke ship-cache -h`) prints the task's help and does nothing else;
+    - invoke's `--dry` only turns `c.run` into an echo, and a task that works in Python would
+      still delete and write: unless the task honours dry runs itself (`honours_dry=True`, it
+      then reads `c.config.run.dry`), `--dry` runs nothing and says so.
+    """
+
+    def __init__(
+        self,
+        *args: Any,
+        short: dict[str, str] | None = None,
+        honours_dry: bool = False,
+        **kwargs: Any,
+    ) -> None:
         self.short = dict(short or {})
+        self.honours_dry = honours_dry
         super().__init__(*args, **kwargs)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        values = [*args[1:], *kwargs.values()]
+        if any(isinstance(v, str) and v.strip() in HELP_WORDS for v in values):
+            print(self.help_text())
+            raise Exit(code=0)
+        context = args[0] if args else None
+        dry = bool(getattr(getattr(getattr(context, "config", None), "run", None), "dry", False))
+        if dry and not self.honours_dry:
+            print(
+                f"--dry: {self.name.replace('_', '-')} was not run (it works in Python, not through c.run, so a "
+                "dry run cannot show its steps); nothing was changed"
+            )
+            return None
+        return super().__call__(*args, **kwargs)
+
+    def help_text(self) -> str:
+        """What `invoke --help TASK` prints, in short: usage, the docstring, the flags."""
+        name = self.name.replace("_", "-")
+        lines = [f"Usage: invoke [--core-opts] {name} [--options]", ""]
+        lines += [f"  {line}".rstrip() for line in (self.__doc__ or "").strip().splitlines()]
+        if self.help:
+            lines += ["", "Options:"]
+            for arg, text in self.help.items():
+                lines.append(f"  --{arg.replace('_', '-'):<24} {text}")
+        return "\n".join(lines)
 
     def arg_opts(self, name: str, default: str, taken_names: set[str]) -> dict[str, Any]:
         # `-h` is help and `-e` invoke's own --echo; chosen letters are kept for their flags.

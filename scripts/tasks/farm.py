@@ -13,7 +13,7 @@ from invoke import Collection, task
 from invoke.exceptions import Exit
 
 from scripts import outpaths
-from scripts.tasks.cli import bad_flag, number_flag
+from scripts.tasks.cli import CliTask, bad_flag, number_flag
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -108,7 +108,7 @@ def _finish(job) -> None:
         raise Exit(code=code)
 
 
-@task(iterable=["place", "tag"], help=_COMMON_HELP)
+@task(klass=CliTask, iterable=["place", "tag"], help=_COMMON_HELP)
 def provision(c, coordinator=None, place=None, tag=None, count=None, farm_config=None,
               config=None, only=None, skip=None, artifacts=None, insecure_host_key=False,
               reserve_timeout=None, out=None, boot_timeout=None):  # fmt: skip
@@ -121,6 +121,7 @@ def provision(c, coordinator=None, place=None, tag=None, count=None, farm_config
 
 
 @task(
+    klass=CliTask,
     iterable=["place", "tag", "lane"],
     help={
         **_COMMON_HELP,

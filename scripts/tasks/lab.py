@@ -15,7 +15,10 @@ from invoke.exceptions import Exit
 from scripts.tasks.cli import CliTask, check_output_file, heartbeat, print_lines, write_json
 
 
-@task(help={"page_size": "guest kernel page size: 64k (built from Debian's source) or 16k"})
+@task(
+    klass=CliTask,
+    help={"page_size": "guest kernel page size: 64k (built from Debian's source) or 16k"},
+)
 def up(c, page_size=None):
     """Start the emulated board (building and caching its kernel and rootfs when missing)."""
     from scripts import lab
@@ -88,7 +91,7 @@ def status(c, json=None):
     print_lines(lines)
 
 
-@task(help={"command": "run this command instead of an interactive shell"})
+@task(klass=CliTask, help={"command": "run this command instead of an interactive shell"})
 def ssh(c, command=None):
     """Open a shell (or run a command) on the running lab."""
     from scripts.lab import vm
@@ -103,7 +106,7 @@ def ssh(c, command=None):
     os.execvp(argv[0], argv)
 
 
-@task
+@task(klass=CliTask)
 def down(c):
     """Stop the running lab (by its recorded PID)."""
     from scripts.lab import vm
@@ -111,7 +114,7 @@ def down(c):
     print("lab stopped" if vm.down() else "lab: not running")
 
 
-@task
+@task(klass=CliTask)
 def clean(c):
     """Stop the lab and remove every cached lab product (kernels, root file systems)."""
     from scripts.lab import cache, vm

@@ -82,10 +82,11 @@ def test(
 
 
 @task(
+    klass=CliTask,
     help={
         "junit_dir": "junit XML from a matrix run (default out/matrix/junit)",
         "write": "apply the proposed changes to matrix.yaml instead of only printing the diff",
-    }
+    },
 )
 def matrix_update(c: Context, junit_dir: str | None = None, write: bool = False) -> None:
     """Propose matrix.yaml expectation changes from the last run's junit results."""

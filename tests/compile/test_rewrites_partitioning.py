@@ -4,7 +4,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tests.compile.bpu_helpers import compile_bpu
+from tests.compile.bpu_helpers import compile_bpu, cosine
 from torch_fl.bpu import report
 
 
@@ -123,3 +123,28 @@ def test_data_movement_rewrites_export_and_unexportable_index_rejected_up_front(
     out, reps = _explain(model, x, idx, executor="sim", quantize=False)
     assert all(rt.kind == "sim" for rt in reps[0].runtimes)  # every accepted partition exported
     torch.testing.assert_close(out, model(x, idx), rtol=1e-4, atol=1e-4)
+
+
+def test_adaptive_avg_pool_exports_or_says_why():
+    class Head(nn.Module):
+        def __init__(self, size) -> None:
+            super().__init__()
+            self.conv = nn.Conv2d(3, 4, 3, padding=1)
+            self.size = size
+
+        def forward(self, x):
+            return torch.flatten(F.adaptive_avg_pool2d(self.conv(x), self.size), 1) * 2
+
+    x = torch.randn(1, 3, 12, 12)
+    for size, cpu in (((6, 6), False), ((12, 12), False), ((5, 7), True)):
+        torch._dynamo.reset()
+        model = Head(size).eval()
+        with report.collect() as reps, torch.no_grad():
+            out = compile_bpu(model, executor="sim", calibrate="first-call")(x)
+        rep = report.Report(list(reps))
+        reasons = [n["reason"] for n in rep.cpu_nodes]
+        assert cosine(out, model(x)) > 0.999, rep.table()
+        if cpu:  # not a divisor: refused before partitioning, with the reason
+            assert any(r.startswith("export: adaptive_avg_pool2d") for r in reasons), reasons
+        else:  # lowered to avg_pool2d: one partition, all of it
+            assert rep.coverage_pct == 100.0 and reps[0].rewrites["adaptive_avg_pool"] == 1

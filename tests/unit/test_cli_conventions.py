@@ -240,3 +240,46 @@ def test_bench_json_dash_prints_only_the_json_on_stdout(
     assert out.strip() == '{"ratio": 1.5}' and not (tmp_path / "-").exists()
     # every benchmark's own output goes to stderr, so stdout stays valid JSON
     assert ctx.runs and all(stream is sys.stderr for _, stream in ctx.runs)
+
+
+def _tree(root: Path) -> list[tuple[str, int]]:
+    return sorted((str(p.relative_to(root)), p.stat().st_mtime_ns) for p in root.rglob("*"))
+
+
+def _positional(name: str) -> list[str]:
+    """A value for each positional argument of task `name` (what a user would type)."""
+    return ["somewhere" for arg in ns[name].get_arguments() if arg.positional]
+
+
+def test_every_task_help_and_dry_run_change_nothing(tmp_path: Path) -> None:
+    """Walking `invoke --list`: `TASK -h` (also where a positional would take it as a value)
+    prints help and exits 0; `invoke --dry TASK` exits 0 and leaves the disk as it was."""
+    home, work = tmp_path / "home", tmp_path / "work"
+    home.mkdir()
+    work.mkdir()
+    (home / ".cache" / "torch-fl" / "bpu" / "artifacts" / "a").mkdir(parents=True)
+    env = {**os.environ, "HOME": str(home), "FLAGOS_BPU_CACHE": str(home / ".cache/torch-fl/bpu")}
+    env["TORCH_DEVICE_BACKEND_AUTOLOAD"] = "0"
+    before = _tree(tmp_path)
+    for name in sorted(ns.task_names):
+        for argv in (
+            [name, "-h"],
+            [name, "--help"],
+            [name, *(["-h"] if _positional(name) else [])],
+        ):
+            if argv == [name]:
+                continue
+            run = subprocess.run(
+                [*INVOKE, "-r", str(REPO), *argv], cwd=work, env=env, capture_output=True,
+                text=True, timeout=120,
+            )  # fmt: skip
+            assert run.returncode == 0, (argv, run.stdout[-500:], run.stderr[-500:])
+            assert "Usage:" in run.stdout and name.split(".")[-1] in run.stdout, (argv, run.stdout)
+        if name == "provision":
+            continue  # honours --dry itself: the provision lane tests its dry run
+        dry = subprocess.run(
+            [*INVOKE, "-r", str(REPO), "--dry", name, *_positional(name)], cwd=work, env=env,
+            capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert dry.returncode == 0 and "nothing was changed" in dry.stdout, (name, dry)
+    assert _tree(tmp_path) == before

@@ -84,6 +84,28 @@ def attribute(node: onnx.NodeProto, name: str, default=None):
     return default
 
 
+def constant_names(model: onnx.ModelProto) -> set[str]:
+    """Tensors whose value is fixed in the graph: initializers and Constant node outputs (the
+    exporter writes literals such as ReLU6's 0 and 6 as Constant nodes)."""
+    names = {i.name for i in model.graph.initializer}
+    names.update(n.output[0] for n in model.graph.node if n.op_type == "Constant" and n.output)
+    return names
+
+
+def constant_value(model: onnx.ModelProto, name: str):
+    """The numpy value of initializer or Constant output `name`, or None."""
+    from onnx import numpy_helper
+
+    for init in model.graph.initializer:
+        if init.name == name:
+            return numpy_helper.to_array(init)
+    for node in model.graph.node:
+        if node.op_type == "Constant" and node.output and node.output[0] == name:
+            value = attribute(node, "value")
+            return numpy_helper.to_array(value) if value is not None else None
+    return None
+
+
 def canonical_bytes(model: onnx.ModelProto) -> bytes:
     """Deterministic serialization: the cache key hashes exactly these bytes."""
     return model.SerializeToString(deterministic=True)

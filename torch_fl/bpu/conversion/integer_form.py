@@ -11,9 +11,10 @@ rewrites the graph for a kernel path without changing a represented value:
 - `u8u8`: weights move to uint8 with zero point 128 too, for CPUs whose u8s8 kernels add pairs
   of products in saturating int16 (AVX2 without VNNI); the u8u8 kernels widen first.
 
-And in both, a Relu between an op and the quantization of its result (op -> Relu -> Q) moves
-after the quantization as max(q, zero point): quantizing with zero point z commutes with relu
-exactly, and the op then ends in a Q that ORT can fuse.
+And in both, a Relu or constant-bound Clip between an op and the quantization of its result
+(op -> Relu -> Q) moves after the quantization as max(q, zero point), or a Clip of the quantized
+values to Q(lo)..Q(hi): quantization is monotone, so it commutes with either exactly, and the op
+then ends in a Q that ORT can fuse.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ from __future__ import annotations
 import numpy as np
 import onnx
 from onnx import numpy_helper
+
+from torch_fl.bpu.conversion.export import constant_names, constant_value
 
 PATHS = ("u8s8", "u8u8")
 SHIFT = 128
@@ -41,6 +44,7 @@ class _Rewriter:
             for name in node.input:
                 self.readers.setdefault(name, []).append(node)
         self.new_inits: dict[str, onnx.TensorProto] = {}
+        self.constants = constant_names(model)
 
     def _u8(self, name: str, array: np.ndarray) -> str:
         if name not in self.new_inits:
@@ -75,36 +79,60 @@ class _Rewriter:
             shifted_zp = np.full(zp.shape, SHIFT, np.uint8)
             node.input[2] = self._u8(f"{node.input[2]}::u8", shifted_zp)
 
-    def relu_after_quantize(self) -> int:
-        """op -> Relu -> Q(s, z) -> ...  becomes  op -> Q(s, z) -> Max(q, z) -> ...
+    def _quantized_bound(self, q: onnx.NodeProto, bound: str, suffix: str) -> str:
+        """The constant `bound` quantized as `q` quantizes (round half to even, saturate)."""
+        if not bound:
+            return ""
+        scale = float(numpy_helper.to_array(self.inits[q.input[1]]))
+        zp_init = self.inits.get(q.input[2])
+        zp = numpy_helper.to_array(zp_init if zp_init is not None else self.new_inits[q.input[2]])
+        info = np.iinfo(zp.dtype)
+        value = float(constant_value(self.model, bound))
+        quantized = np.clip(np.rint(value / scale) + int(zp), info.min, info.max)
+        return self._u8(f"{q.output[0]}::{suffix}", np.array(quantized, zp.dtype))
+
+    def clamp_after_quantize(self) -> int:
+        """op -> Relu|Clip -> Q(s, z) -> ...  becomes  op -> Q(s, z) -> Max(q, z) -> ... (Relu)
+        or  op -> Q(s, z) -> Clip(q, Q(lo), Q(hi)) -> ... (Clip with constant bounds).
 
         Any op: a weight op then ends in its Q (QLinearConv...), an Add of two dequantized
         tensors in one (QLinearAdd)."""
         moved = 0
         graph = self.model.graph
         order = list(graph.node)
-        for relu in order:
-            if relu.op_type != "Relu":
+        for clamp in order:
+            if clamp.op_type not in ("Relu", "Clip"):
                 continue
-            users = self.readers.get(relu.output[0], [])
-            if relu.input[0] not in self.producer or len(users) != 1:
+            bounds = list(clamp.input[1:]) if clamp.op_type == "Clip" else []
+            if any(b and b not in self.constants for b in bounds):
+                continue
+            users = self.readers.get(clamp.output[0], [])
+            if clamp.input[0] not in self.producer or len(users) != 1:
                 continue
             q = users[0]
-            if q.op_type != "QuantizeLinear" or len(self.readers.get(relu.input[0], [])) != 1:
+            if q.op_type != "QuantizeLinear" or len(self.readers.get(clamp.input[0], [])) != 1:
                 continue
-            # Q reads the op's output directly; a Max on the quantized values replaces the Relu
-            q.input[0] = relu.input[0]
+            if q.input[1] not in self.inits or len(q.input) < 3:
+                continue
+            # Q reads the op's output directly; the clamp acts on the quantized values
+            q.input[0] = clamp.input[0]
             clipped = q.output[0]
-            raw = f"{clipped}::before_relu"
+            raw = f"{clipped}::before_clamp"
             q.output[0] = raw
-            del relu.input[:]
-            relu.input.extend([raw, q.input[2]])
-            del relu.output[:]
-            relu.output.append(clipped)
-            relu.op_type = "Max"
-            relu.name = f"{relu.name or clipped}::relu_int"
+            if clamp.op_type == "Relu":
+                inputs = [raw, q.input[2]]
+                clamp.op_type = "Max"
+            else:
+                low = self._quantized_bound(q, bounds[0] if bounds else "", "clip_lo")
+                high = self._quantized_bound(q, bounds[1] if len(bounds) > 1 else "", "clip_hi")
+                inputs = [raw, low, high]
+            del clamp.input[:]
+            clamp.input.extend(inputs)
+            del clamp.output[:]
+            clamp.output.append(clipped)
+            clamp.name = f"{clamp.name or clipped}::clamp_int"
             moved += 1
-        # the Max now follows its Q: restore topological order
+        # the clamp now follows its Q: restore topological order
         if moved:
             nodes = _topological(order)
             del graph.node[:]
@@ -157,5 +185,5 @@ def to_integer_form(model: onnx.ModelProto, path: str) -> onnx.ModelProto:
     rewriter.shift_activations()
     if path == "u8u8":
         rewriter.shift_weights()
-    rewriter.relu_after_quantize()  # after the shift: the Max compares with the new zero point
+    rewriter.clamp_after_quantize()  # after the shift: the clamp compares with the new zero point
     return rewriter.finish()

@@ -8,7 +8,8 @@ Scheme (symmetric, signed int8, zero point 0, as hbdk4 expects):
 - activations feeding Conv/Gemm/MatMul/pooling: one Q/DQ pair per tensor, scale from calibration
   (keyed by tensor name) or the default activation scale;
 - outputs: each Conv/Gemm, and each MatMul with a constant weight, is requantized to int8 where
-  it ends (`requant_points`: its output, or the output of the Relu that is its only reader), as
+  it ends (`requant_points`: its output, or the output of the Relu or constant-bound Clip (ReLU6)
+  that is its only reader: both commute with quantization), as
   the BPU writes a conv's result back; that makes every such op a DQ -> op -> Q group, which is
   also what ONNX Runtime fuses into its integer kernels (runtime/sim_kernels.py). A graph output
   stays float. A MaxPool's output keeps its input's scale: max commutes with quantization, so no
@@ -27,6 +28,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from torch_fl.bpu.conversion.export import constant_names
 from torch_fl.bpu.errors import QuantizationError
 
 WEIGHT_OPS = {"Conv": 1, "Gemm": 1, "MatMul": 1}  # op -> index of the weight input
@@ -56,12 +58,23 @@ def quantize_weight(weight: np.ndarray, axis: int) -> tuple[np.ndarray, np.ndarr
     return q, scales
 
 
+def _clamps(node: onnx.NodeProto, inits: set[str]) -> bool:
+    """A Relu, or a Clip whose bounds are constants: monotone, so quantizing after it equals
+    clamping the quantized values (what the BPU does in its output stage)."""
+    if node.op_type == "Relu":
+        return True
+    return node.op_type == "Clip" and all(not n or n in inits for n in node.input[1:])
+
+
 def requant_points(model: onnx.ModelProto) -> list[str]:
-    """Tensors quantized where a weight op's result ends: its output, or its Relu's output when
-    a Relu is the output's only reader (relu commutes with a zero-point-0 quantization). Graph
-    outputs and activation x activation MatMuls (attention scores) stay float."""
+    """Tensors quantized where a weight op's result ends: its output, or the output of its Relu
+    or constant-bound Clip (ReLU6) when that is the output's only reader. Quantizing after the
+    clamp matters: a ReLU6 conv quantized before it spends its 127 levels on a range the clamp
+    throws away (MobileNetV2 lost most of its accuracy that way). Graph outputs and activation x
+    activation MatMuls (attention scores) stay float."""
     graph = model.graph
     inits = {i.name for i in graph.initializer}
+    constants = constant_names(model)
     outputs = {o.name for o in graph.output}
     readers: dict[str, list[onnx.NodeProto]] = {}
     for node in graph.node:
@@ -74,7 +87,7 @@ def requant_points(model: onnx.ModelProto) -> list[str]:
             continue
         end = node.output[0]
         users = readers.get(end, [])
-        if len(users) == 1 and users[0].op_type == "Relu" and end not in outputs:
+        if len(users) == 1 and _clamps(users[0], constants) and end not in outputs:
             end = users[0].output[0]
         if end not in outputs and end not in points:
             points.append(end)

@@ -37,6 +37,7 @@ METADATA_ONLY = frozenset(
         aten.new_ones.default,
         aten.new_full.default,
         aten.zeros_like.default,
+        aten.zero.default,  # functional zero_(): swin_v2 zeroes the key bias that way
         aten.ones_like.default,
         aten.full_like.default,
         aten.sym_size.int,

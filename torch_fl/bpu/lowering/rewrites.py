@@ -187,6 +187,57 @@ def _rank(node: fx.Node) -> int | None:
     return val.dim() if isinstance(val, torch.Tensor) else None
 
 
+def adaptive_pool_window(node: fx.Node) -> tuple[int, int] | None | str:
+    """The (kh, kw) of the avg_pool2d an adaptive_avg_pool2d node equals; "global" for output
+    1x1 (ONNX GlobalAveragePool); None when the input is not a multiple of the output."""
+    x, size = node.args[0], node.args[1]
+    val = x.meta.get("val") if isinstance(x, fx.Node) else None
+    if not isinstance(val, torch.Tensor) or val.dim() < 3:
+        return None
+    h, w = val.shape[-2:]
+    size = [size, size] if isinstance(size, int) else list(size)
+    out = [h if size[0] is None else size[0], w if size[-1] is None else size[-1]]
+    if not all(isinstance(v, int) and v > 0 for v in (h, w, *out)):
+        return None
+    if out == [1, 1]:
+        return "global"
+    if h % out[0] or w % out[1]:
+        return None
+    return h // out[0], w // out[1]
+
+
+def _adaptive_to_avg_pool(node: fx.Node) -> bool:
+    # the exporter turns only a global adaptive pool into ONNX; one whose input is a multiple
+    # of its output (AlexNet's 6x6, VGG's 7x7 at 224) is a plain average pool
+    window = adaptive_pool_window(node)
+    if not isinstance(window, tuple):
+        return False
+    node.target = aten.avg_pool2d.default
+    node.args = (node.args[0], list(window), list(window))
+    return True
+
+
+def _addcmul_to_ops(graph: fx.Graph, node: fx.Node) -> bool:
+    # a + value * b * c in elementwise ops the table takes (ConvNeXt-V2's GRN is an addcmul)
+    a, b, c = node.args[:3]
+    value = node.kwargs.get("value", node.args[3] if len(node.args) > 3 else 1)
+    vals = [x.meta.get("val") if isinstance(x, fx.Node) else x for x in (a, b, c)]
+    if not all(isinstance(v, torch.Tensor) for v in vals):
+        return False
+    with graph.inserting_before(node):
+        prod = graph.call_function(aten.mul.Tensor, (b, c))
+        prod.meta["val"] = vals[1] * vals[2]
+        if value != 1:
+            scaled = graph.call_function(aten.mul.Scalar, (prod, value))
+            scaled.meta["val"] = prod.meta["val"] * value
+            prod = scaled
+        out = graph.call_function(aten.add.Tensor, (a, prod))
+    out.meta.update(node.meta)
+    node.replace_all_uses_with(out)
+    graph.erase_node(node)
+    return True
+
+
 def _prelu_to_relu(graph: fx.Graph, node: fx.Node) -> None:
     # x if x > 0 else w * x  ==  relu(x) + w * min(x, 0), exactly (the other term is 0)
     x, weight = node.args
@@ -249,6 +300,12 @@ def _rewrite(graph: fx.Graph, node: fx.Node) -> str | None:
     elif target is aten._prelu_kernel.default:
         _prelu_to_relu(graph, node)
         return "prelu"
+    elif target in (aten._adaptive_avg_pool2d.default, aten.adaptive_avg_pool2d.default):
+        if _adaptive_to_avg_pool(node):
+            return "adaptive_avg_pool"
+    elif target is aten.addcmul.default:
+        if _addcmul_to_ops(graph, node):
+            return "addcmul"
     elif target is aten.max_pool2d_with_indices.default:
         if _replace_tuple_op(graph, node, aten.max_pool2d.default, tuple(node.args)):
             return "max_pool2d"

@@ -129,6 +129,14 @@ def _export_problem(node: fx.Node) -> str | None:
     so an accepted partition always exports)."""
     if node.target is aten.to.dtype and (len(node.args) != 2 or node.args[1] is not torch.float32):
         return "export: only casts to float32 run in a partition"
+    if node.target in (aten._adaptive_avg_pool2d.default, aten.adaptive_avg_pool2d.default):
+        from torch_fl.bpu.lowering.rewrites import adaptive_pool_window
+
+        if adaptive_pool_window(node) is None:
+            return (
+                "export: adaptive_avg_pool2d to a size that does not divide its input exports only "
+                "as a global pool; feed an input whose height/width are multiples of the output"
+            )
     if node.target is aten.index.Tensor:
         indices = [i for i in node.args[1] if i is not None]
         vals = [i.meta.get("val") if isinstance(i, fx.Node) else None for i in indices]
