@@ -151,6 +151,7 @@ def main(argv: list[str] | None = None) -> int:
             flush=True,
         )
     if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(rows, indent=1))
     return 0
 

@@ -49,6 +49,7 @@ def build(c: Context, accelerator: str = "bpu", debug: bool = False) -> None:
 
 @task(
     klass=CliTask,
+    honours_dry=True,  # every step is a c.run: --dry echoes them
     help={"json": "also write the eager results as JSON to this file (- for standard output)"},
 )
 def bench(c: Context, json: str = "") -> None:
@@ -67,6 +68,13 @@ def bench(c: Context, json: str = "") -> None:
         if (ROOT / "scripts" / "bench_zoo.py").exists():
             # the public-architecture zoo through backend="bpu": out/bench_zoo.json and .png
             c.run(f"{sys.executable} scripts/bench_zoo.py", env=dict(os.environ), **streams)
+        if (ROOT / "scripts" / "bench_public_zoo.py").exists():
+            # torchvision / timm / transformers models beside ONNX Runtime's int8 quantizer
+            c.run(
+                f"{sys.executable} scripts/bench_public_zoo.py --json out/bench_public_zoo.json",
+                env=dict(os.environ),
+                **streams,
+            )
         if to_stdout:
             print_lines(Path(dest).read_text(encoding="utf-8").splitlines())
 

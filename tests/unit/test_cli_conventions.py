@@ -275,11 +275,21 @@ def test_every_task_help_and_dry_run_change_nothing(tmp_path: Path) -> None:
             )  # fmt: skip
             assert run.returncode == 0, (argv, run.stdout[-500:], run.stderr[-500:])
             assert "Usage:" in run.stdout and name.split(".")[-1] in run.stdout, (argv, run.stdout)
-        if name == "provision":
-            continue  # honours --dry itself: the provision lane tests its dry run
+        if name in ("provision", "bench"):
+            continue  # they honour --dry themselves (provision lane; bench only runs c.run)
         dry = subprocess.run(
             [*INVOKE, "-r", str(REPO), "--dry", name, *_positional(name)], cwd=work, env=env,
             capture_output=True, text=True, timeout=120,
         )  # fmt: skip
         assert dry.returncode == 0 and "nothing was changed" in dry.stdout, (name, dry)
     assert _tree(tmp_path) == before
+
+
+def test_readme_task_table_lists_every_task() -> None:
+    import re
+
+    table = (REPO / "README.md").read_text(encoding="utf-8").split("## Tasks", 1)[1]
+    table = table.split("\n## ", 1)[0]
+    for name in ns.task_names:
+        shown = re.search(r"(invoke |`)" + re.escape(name) + r"[ `]", table)
+        assert shown, f"README's task table does not list `{name}` (invoke --list has it)"
