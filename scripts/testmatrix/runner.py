@@ -13,6 +13,8 @@ represented by an older, greener file.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import importlib.util
 import json
 import os
@@ -623,8 +625,44 @@ def format_markdown(results: list[LaneResult], code: int, platform: str, limit: 
 # -- outputs of earlier runs ----------------------------------------------------------------------
 
 
+class _Busy(UsageError):
+    pass
+
+
+@contextlib.contextmanager
+def _exclusive(out_dir: Path):
+    """One matrix run per output directory at a time: two runs in one checkout would clear and
+    rewrite each other's junit files and summaries. The lock is an flock, so it ends with its
+    process, however that ends."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    fh = open(out_dir / ".run.lock", "a+")  # noqa: SIM115 - closed below
+    try:
+        try:
+            fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise _Busy(
+                f"another matrix run is writing {out_dir} now; wait for it to finish, or give "
+                "this one its own --out-dir"
+            ) from None
+        yield
+    finally:
+        fh.close()
+
+
+def _earlier_lanes(summary_file: Path, covered: set[str]) -> list[dict[str, Any]]:
+    """The lane records of the last summary (its own and those it kept) for lanes outside
+    `covered`; an unreadable summary keeps nothing."""
+    try:
+        summary = json.loads(summary_file.read_text(encoding="utf-8"))
+        records = [*summary.get("earlier_lanes", []), *summary["lanes"]]
+        kept = {r["name"]: r for r in records if isinstance(r, dict) and "name" in r}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return []
+    return [record for name, record in kept.items() if name not in covered]
+
+
 def _clear_outputs(out_dir: Path, junit_dir: Path, lane_names: list[str]) -> None:
-    """Remove every output a previous run left for the matrix's lanes (and the summaries)."""
+    """Remove every output a previous run left for these lanes (and the summaries)."""
     for name in lane_names:
         for path in (
             junit_dir / f"{name}.xml",
@@ -649,11 +687,12 @@ def failed_last_time(summary_file: Path, matrix: Matrix) -> dict[str, list[str] 
         )
     try:
         summary = json.loads(summary_file.read_text(encoding="utf-8"))
-        selection = _failed_lanes(summary["lanes"], matrix)
+        selection = _failed_lanes([*summary.get("earlier_lanes", []), *summary["lanes"]], matrix)
         if summary.get("interrupted"):
             # Lanes the interrupted run never reached have not passed either: run them whole.
             reached = {lane["name"] for lane in summary["lanes"]}
-            selection.update({n: None for n in matrix.lanes if n not in reached})
+            covered = summary.get("covered") or list(matrix.lanes)
+            selection.update({n: None for n in covered if n in matrix.lanes and n not in reached})
         return selection
     except (ValueError, KeyError, TypeError, AttributeError):
         # Any shape other than the one run_matrix writes (a hand edit, a cut-short copy).
@@ -802,8 +841,13 @@ def _write_reports(
     json_path: Path | None,
     json_to_stdout: bool,
     stream: TextIO,
+    covered: list[str] | None = None,
+    earlier: list[dict[str, Any]] | None = None,
 ) -> None:
-    """summary.json (and --json), summary.md and $GITHUB_STEP_SUMMARY."""
+    """summary.json (and --json), summary.md and $GITHUB_STEP_SUMMARY.
+
+    `covered`: the lanes this run selected; `earlier`: what the previous summaries recorded for
+    the other lanes (kept, so --rerun-failed still sees their failures)."""
     summary = {
         "platform": platform_name,
         "capabilities": caps,
@@ -813,7 +857,9 @@ def _write_reports(
         "interrupted": interrupted_lane is not None,
         "interrupted_lane": interrupted_lane,
         "rerun_failed": rerun_failed,
+        "covered": list(covered if covered is not None else [r.name for r in results]),
         "lanes": [asdict(r) for r in results],
+        "earlier_lanes": list(earlier or []),
     }
     text = json.dumps(summary, indent=2)
     _atomic_write(out_dir / "summary.json", text)
@@ -899,53 +945,58 @@ def run_matrix(
     _check_outputs(None if json_to_stdout else json_path, junit_dir, out_dir)
     if json_path is not None and Path(json_path).resolve() == Path(matrix_file).resolve():
         raise UsageError(f"--json {str(json_path)!r} is the matrix file; choose another path")
-    rerun: dict[str, list[str] | None] | None = None
-    if rerun_failed:
-        rerun = failed_last_time(out_dir / "summary.json", matrix)
-        selected = [lane for lane in selected if lane.name in rerun]
-        if not selected:
-            print("[matrix] nothing failed in the last run; nothing to rerun", file=stream)
-            return 0
-    # Cleared before detecting (seconds): a Ctrl-C there must not leave the last run's summary.
-    _clear_outputs(out_dir, junit_dir, list(matrix.lanes))
-    results: list[LaneResult] = []
-    started = time.time()
-    interrupted_lane: str | None = None
-    try:
-        previous = signal.signal(signal.SIGTERM, _raise_interrupt)
-    except ValueError:  # not the main thread (an embedding tool): keep its handlers
-        previous = None
-    try:
-        if caps is None:
-            try:
-                caps = detect()
-            except KeyboardInterrupt:  # still reported below: summary marked interrupted, 130
-                caps, interrupted_lane = {}, "(detecting capabilities)"
-        caps_file = out_dir / "capabilities.json"
-        _atomic_write(caps_file, json.dumps(caps, indent=2))
-        if not interrupted_lane:
-            interrupted_lane = _run_lanes(
-                selected, results, caps, caps_file, matrix_file, root, out_dir, junit_dir,
-                workers, rerun, stream,
-            )  # fmt: skip
-    except KeyboardInterrupt:
-        interrupted_lane = interrupted_lane or "(between lanes)"
-    finally:
-        if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
-    if interrupted_lane is None:
-        _fail_required_not_run(results, required, junit_dir)
-    print(format_table(results), file=stream)
-    problems = format_problems(results)
-    if problems:
-        print(problems, file=stream)
-    if interrupted_lane is not None:
-        _print_resume(results, selected, interrupted_lane, stream)
-        code = INTERRUPTED
-    else:
-        code = 0 if all(r.ok for r in results) else 1
-    _write_reports(
-        results, code, caps, platform_name, started, interrupted_lane, rerun_failed,
-        out_dir, json_path, json_to_stdout, stream,
-    )  # fmt: skip
-    return code
+    with _exclusive(out_dir):
+        rerun: dict[str, list[str] | None] | None = None
+        if rerun_failed:
+            rerun = failed_last_time(out_dir / "summary.json", matrix)
+            selected = [lane for lane in selected if lane.name in rerun]
+            if not selected:
+                print("[matrix] nothing failed in the last run; nothing to rerun", file=stream)
+                return 0
+        # Results of lanes this run does not cover stay (files and summary entries): a run replaces
+        # what it runs and nothing else. Cleared before detecting (seconds): a Ctrl-C there must not
+        # leave the last run's summary of the lanes it covers.
+        earlier = _earlier_lanes(out_dir / "summary.json", {lane.name for lane in selected})
+        _clear_outputs(out_dir, junit_dir, [lane.name for lane in selected])
+        results: list[LaneResult] = []
+        started = time.time()
+        interrupted_lane: str | None = None
+        try:
+            previous = signal.signal(signal.SIGTERM, _raise_interrupt)
+        except ValueError:  # not the main thread (an embedding tool): keep its handlers
+            previous = None
+        try:
+            if caps is None:
+                try:
+                    caps = detect()
+                except KeyboardInterrupt:  # still reported below: summary marked interrupted, 130
+                    caps, interrupted_lane = {}, "(detecting capabilities)"
+            caps_file = out_dir / "capabilities.json"
+            _atomic_write(caps_file, json.dumps(caps, indent=2))
+            if not interrupted_lane:
+                interrupted_lane = _run_lanes(
+                    selected, results, caps, caps_file, matrix_file, root, out_dir, junit_dir,
+                    workers, rerun, stream,
+                )  # fmt: skip
+        except KeyboardInterrupt:
+            interrupted_lane = interrupted_lane or "(between lanes)"
+        finally:
+            if previous is not None:
+                signal.signal(signal.SIGTERM, previous)
+        if interrupted_lane is None:
+            _fail_required_not_run(results, required, junit_dir)
+        print(format_table(results), file=stream)
+        problems = format_problems(results)
+        if problems:
+            print(problems, file=stream)
+        if interrupted_lane is not None:
+            _print_resume(results, selected, interrupted_lane, stream)
+            code = INTERRUPTED
+        else:
+            code = 0 if all(r.ok for r in results) else 1
+        _write_reports(
+            results, code, caps, platform_name, started, interrupted_lane, rerun_failed,
+            out_dir, json_path, json_to_stdout, stream,
+            covered=[lane.name for lane in selected], earlier=earlier,
+        )  # fmt: skip
+        return code

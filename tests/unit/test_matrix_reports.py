@@ -78,7 +78,9 @@ def test_earlier_outputs_never_stand_for_this_run(tmp_path: Path) -> None:
     (root / "out" / "matrix" / "summary.json").write_text('{"exit_code": 0}')
     code, out, summary = _run(root, lanes=["hang"])
     assert code == 1
-    assert not (junit_dir / "other.xml").exists(), "a lane not run kept its old junit"
+    # a run replaces the results of the lanes it runs and nothing else; the summary says which
+    assert (junit_dir / "other.xml").read_text() == GREEN_JUNIT.format(name="other")
+    assert summary["covered"] == ["hang"] and [r["name"] for r in summary["lanes"]] == ["hang"]
     suite = ET.parse(junit_dir / "hang.xml").getroot().find("testsuite")
     assert suite is not None and suite.get("errors") == "1"
     assert "test_old" not in (junit_dir / "hang.xml").read_text()
@@ -235,6 +237,44 @@ def test_rerun_failed_runs_only_what_failed(tmp_path: Path) -> None:
     assert code == 0 and _lane(summary, "mixed")["buckets"]["passed"] == 1
     code, out, _ = _run(root, rerun_failed=True)
     assert code == 0 and "nothing failed in the last run" in out
+
+
+def test_partial_runs_keep_other_lanes_results_and_reruns(tmp_path: Path) -> None:
+    lanes = LANE.format(name="mixed", path="tests/m", timeout=60, extra="") + LANE.format(
+        name="clean", path="tests/c", timeout=60, extra=""
+    )
+    root = _tree(tmp_path, lanes, {"tests/m/test_m.py": MIXED, "tests/c/test_c.py": PASSING})
+    junit = root / "out" / "matrix" / "junit"
+    assert _run(root)[0] == 1  # both lanes; mixed fails
+    mixed_junit = (junit / "mixed.xml").read_text()
+    code, _, summary = _run(root, lanes=["clean"])
+    assert code == 0 and summary["covered"] == ["clean"]
+    assert (junit / "mixed.xml").read_text() == mixed_junit  # untouched by the clean-only run
+    assert [r["name"] for r in summary["earlier_lanes"]] == ["mixed"]
+    # --rerun-failed still knows mixed failed, two runs ago
+    code, _, summary = _run(root, rerun_failed=True)
+    assert code == 1 and [r["name"] for r in summary["lanes"]] == ["mixed"]
+    assert _lane(summary, "mixed")["selected"] == ["tests/m/test_m.py::test_fail"]
+    assert [r["name"] for r in summary["earlier_lanes"]] == ["clean"]
+
+
+def test_two_runs_in_one_output_directory_do_not_mix(tmp_path: Path) -> None:
+    import fcntl
+
+    root = _tree(
+        tmp_path, LANE.format(name="clean", path="tests/c", timeout=60, extra=""),
+        {"tests/c/test_c.py": PASSING},
+    )  # fmt: skip
+    out_dir = root / "out" / "matrix"
+    out_dir.mkdir(parents=True)
+    with open(out_dir / ".run.lock", "a+") as held:  # another run holds the directory
+        fcntl.flock(held.fileno(), fcntl.LOCK_EX)
+        with pytest.raises(UsageError, match="another matrix run is writing"):
+            _run(root)
+        assert not (out_dir / "summary.json").exists()
+        code, _, _ = _run(root, out_dir=tmp_path / "own")  # its own --out-dir: fine
+        assert code == 0
+    assert _run(root)[0] == 0
 
 
 def test_lane_heartbeat_shows_elapsed_and_progress(
