@@ -16,6 +16,12 @@ from scripts.tasks.cli import CliTask, bad_flag, int_flag, split_names
 ROOT = Path(__file__).resolve().parents[2]
 
 
+def _pass_through() -> list[str]:
+    """What the command line has after `--` (invoke keeps it out of the task's arguments)."""
+    argv = sys.argv
+    return argv[argv.index("--") + 1 :] if "--" in argv else []
+
+
 @task(
     klass=CliTask,
     short={"list": "l"},
@@ -44,7 +50,11 @@ def test(
     require: list[str] | None = None,
     rerun_failed: bool = False,
 ) -> None:
-    """Run the tests. Without --matrix: the quick unit lane only."""
+    """Run the tests. Without --matrix: the quick unit lane only.
+
+    Arguments after `--` go to pytest in every pytest lane run (`invoke test --lane unit -- -k
+    envfile -x`), with the lanes' expectations still applied.
+    """
     from scripts.testmatrix.runner import INTERRUPTED, UsageError, run_matrix
     from scripts.testmatrix.schema import MAX_WORKERS, MatrixError
 
@@ -70,6 +80,7 @@ def test(
             workers=workers_n,
             require=require or None,
             rerun_failed=rerun_failed,
+            pytest_args=_pass_through(),
         )
     except (MatrixError, UsageError) as err:
         raise Exit(f"error: {err}", code=2) from None

@@ -205,6 +205,7 @@ def _pytest_command(
     junit: Path,
     workers: int,
     nodeids: list[str] | None,
+    pytest_args: tuple[str, ...] = (),
 ) -> list[str]:
     cmd = [
         sys.executable, "-m", "pytest", "-p", "scripts.testmatrix.plugin",
@@ -226,6 +227,10 @@ def _pytest_command(
         cmd += ["--matrix-subset", *nodeids]
     else:
         cmd += lane.paths
+    if pytest_args:
+        # the user's own selection (-k, -m, -x, node ids...) after the lane's: the lane's
+        # expectations still apply, but staleness needs the whole lane
+        cmd += ["--matrix-subset", *pytest_args] if not nodeids else list(pytest_args)
     return cmd
 
 
@@ -239,8 +244,10 @@ def run_pytest_lane(
     workers: int | None = None,
     stream: TextIO | None = None,
     nodeids: list[str] | None = None,
+    pytest_args: tuple[str, ...] = (),
 ) -> LaneResult:
-    """Run one lane (or only `nodeids` of it); a Ctrl-C/SIGTERM returns status "interrupted"."""
+    """Run one lane (or only `nodeids` of it, and `pytest_args` passed through to pytest); a
+    Ctrl-C/SIGTERM returns status "interrupted"."""
     workers = workers or lane.workers
     result = LaneResult(lane.name, "ran", workers=workers, selected=list(nodeids or []))
     start = time.monotonic()
@@ -256,7 +263,9 @@ def run_pytest_lane(
     junit_dir.mkdir(parents=True, exist_ok=True)
     log = out_dir / "logs" / f"{lane.name}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
-    cmd = _pytest_command(lane, matrix_file, root, caps_file, results_file, junit, workers, nodeids)
+    cmd = _pytest_command(
+        lane, matrix_file, root, caps_file, results_file, junit, workers, nodeids, pytest_args
+    )
     timed_out = interrupted = False
     beat = progress.heartbeat(f"matrix {lane.name}", stream=stream or sys.stdout)
     with open(log, "wb") as log_fh, beat:
@@ -771,6 +780,7 @@ def _run_lanes(
     workers: int | None,
     rerun: dict[str, list[str] | None] | None,
     stream: TextIO,
+    pytest_args: tuple[str, ...] = (),
 ) -> str | None:
     """Run each lane in turn, appending to `results`; the name of the lane a Ctrl-C/SIGTERM
     interrupted, or None."""
@@ -803,6 +813,7 @@ def _run_lanes(
                     workers,
                     stream=stream,
                     nodeids=subset,
+                    pytest_args=pytest_args,
                 )
         except KeyboardInterrupt:
             res = LaneResult(lane.name, "interrupted")
@@ -920,6 +931,7 @@ def run_matrix(
     stream: TextIO | None = None,
     caps: dict[str, Any] | None = None,
     rerun_failed: bool = False,
+    pytest_args: list[str] | None = None,
 ) -> int:
     """Validate, plan, run, report. Returns the exit code (0 only when every ran lane is clean,
     130 when interrupted). Bad input raises MatrixError (the matrix file) or UsageError (flags)."""
@@ -976,7 +988,7 @@ def run_matrix(
             if not interrupted_lane:
                 interrupted_lane = _run_lanes(
                     selected, results, caps, caps_file, matrix_file, root, out_dir, junit_dir,
-                    workers, rerun, stream,
+                    workers, rerun, stream, tuple(pytest_args or ()),
                 )  # fmt: skip
         except KeyboardInterrupt:
             interrupted_lane = interrupted_lane or "(between lanes)"

@@ -258,6 +258,21 @@ def test_partial_runs_keep_other_lanes_results_and_reruns(tmp_path: Path) -> Non
     assert [r["name"] for r in summary["earlier_lanes"]] == ["clean"]
 
 
+def test_pytest_arguments_pass_through_with_expectations_applied(tmp_path: Path) -> None:
+    lanes = LANE.format(name="mixed", path="tests/m", timeout=60, extra="")
+    expect = (
+        'expectations:\n  - test: "tests/m/test_m.py::test_fail"\n    lanes: [mixed]\n'
+        "    status: fail\n    reason: known failure kept for this test\n    link: docs/matrix.md\n"
+    )
+    root = _tree(tmp_path, lanes + expect, {"tests/m/test_m.py": MIXED})
+    code, _, summary = _run(root, pytest_args=["-k", "pass"])
+    mixed = _lane(summary, "mixed")
+    assert code == 0 and mixed["buckets"]["passed"] == 1 and not mixed["buckets"]["expected-fail"]
+    assert mixed["buckets"].get("infra-error", 0) == 0  # no "stale expectation" for a subset
+    code, _, summary = _run(root, pytest_args=["-k", "fail"])
+    assert code == 0 and _lane(summary, "mixed")["buckets"]["expected-fail"] == 1  # still expected
+
+
 def test_two_runs_in_one_output_directory_do_not_mix(tmp_path: Path) -> None:
     import fcntl
 
