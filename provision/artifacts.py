@@ -7,12 +7,12 @@ checked again on the target after the copy.
 from __future__ import annotations
 
 import shlex
-import urllib.request
 from pathlib import Path
 from typing import Any
 
 from provision import light
 from provision.context import Context
+from provision.download import DownloadError, download
 from provision.results import StepError
 
 atomic = light.load("atomic")
@@ -47,29 +47,15 @@ def fetch(ctx: Context, pin: dict[str, Any]) -> Path:
     dest = cache / pin["filename"]
     if dest.is_file() and sha256_of(dest) == pin["sha256"]:
         return dest
-    # Only a complete download with the pinned sha256 ever carries the final name.
-    with atomic.replacing(dest) as tmp:
-        ctx.echo(f"  downloading {pin['url']}")
-        try:
-            with urllib.request.urlopen(pin["url"], timeout=60) as resp, open(tmp, "wb") as out:
-                done = 0
-                while chunk := resp.read(1 << 20):
-                    out.write(chunk)
-                    done += len(chunk)
-                    if done % (16 << 20) < (1 << 20):
-                        ctx.echo(f"  ... {done >> 20} MB")
-        except OSError as exc:
-            raise StepError(
-                f"downloading {pin['url']} failed ({exc}); on an offline machine put "
-                f"{pin['filename']} into a directory and pass --artifacts DIR"
-            ) from exc
-        actual = sha256_of(tmp)
-        if actual != pin["sha256"]:
-            raise StepError(
-                f"{pin['url']} has sha256 {actual}, expected {pin['sha256']}: refusing it "
-                "(the upstream file changed or the download was tampered with)"
-            )
-    return dest
+    # Resumed and retried; only a complete download with the pinned sha256 gets the final name.
+    ctx.echo(f"  downloading {pin['url']}")
+    try:
+        return download(pin["url"], dest, pin["sha256"], echo=ctx.echo)
+    except DownloadError as exc:
+        raise StepError(
+            f"{exc}; on an offline machine put {pin['filename']} into a directory and pass "
+            "--artifacts DIR"
+        ) from exc
 
 
 def ship(ctx: Context, local: Path, remote_dir: str, sha256: str | None = None) -> str:

@@ -1,7 +1,8 @@
 """Shared command-line conventions of the invoke tasks.
 
-- Short flags follow pyinvoke/Fabric habits: `-H` is `--host`, `-l` is `--list`, and no task
-  flag takes `-h` (so `invoke TASK -h` can never swallow the next word as a value).
+- Short flags follow pyinvoke/Fabric habits: `-H` is `--host`, `-l` is `--list`; no other task
+  flag has one (no guessed letters that mean one flag here and another there), and none takes
+  `-h` (so `invoke TASK -h` can never swallow the next word as a value).
 - Typed flags are checked in one place; bad values exit 2 with the flag, the value and the fix.
 - Reporting tasks write JSON with one flag, `--json PATH` (`-` for standard output), and a closed
   pipe (`... --json - | head`) ends quietly instead of in a BrokenPipeError traceback.
@@ -10,9 +11,11 @@
 
 from __future__ import annotations
 
+import difflib
 import json
 import math
 import os
+import re
 import signal
 import sys
 from collections.abc import Callable, Iterator
@@ -21,7 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from invoke import Task
-from invoke.exceptions import Exit
+from invoke.exceptions import Exit, ParseError
+from invoke.parser.parser import ParseMachine
 
 from provision import light
 from scripts import outpaths, progress
@@ -81,12 +85,65 @@ class CliTask(Task):
         return "\n".join(lines)
 
     def arg_opts(self, name: str, default: str, taken_names: set[str]) -> dict[str, Any]:
-        # `-h` is help and `-e` invoke's own --echo; chosen letters are kept for their flags.
+        # No guessed short flags: invoke would give each task the first free letter of each
+        # flag, so `-a` meant --lane, --artifacts, --accelerator or --march depending on the
+        # task, and `-e` (invoke's own --echo) or `-n` could be taken. Only the letters chosen
+        # in `short` exist, and they mean the same flag on every task that has one.
         reserved = {"h", "e", *self.short.values()}
         opts = super().arg_opts(name, default, set(taken_names) | reserved)
-        if name in self.short:
-            opts["names"] = [opts["names"][0], self.short[name]]
+        long_name = next(n for n in opts["names"] if len(n) > 1)
+        opts["names"] = [long_name] + ([self.short[name]] if name in self.short else [])
         return opts
+
+
+class FlagError(ParseError, Exit):
+    """A command line invoke cannot parse: exit 2 (usage error), like every other bad flag.
+
+    invoke exits 1 for its own parse errors, and a list flag given no value (`provision -H`)
+    was taken as not given at all, which provisioned this machine instead of a board.
+    Being both a ParseError (invoke prints it) and an Exit (invoke takes its code) is what
+    makes invoke's own handler exit 2 with the message once."""
+
+    def __init__(self, msg: str, context: Any = None) -> None:
+        ParseError.__init__(self, msg, context)
+        self.text = msg
+        self.message = None  # printed once, as the ParseError
+        self._code = 2
+
+    def __str__(self) -> str:
+        return self.text
+
+
+def _suggest(msg: str, context: Any) -> str:
+    unknown = re.match(r"No idea what '(.+)' is!", msg)
+    if not unknown:
+        return msg if msg.startswith("error:") else f"error: {msg}"
+    token = unknown.group(1)
+    flags = sorted(getattr(context, "flags", {}) or {}) if context is not None else []
+    close = difflib.get_close_matches(token, flags, n=1) if token.startswith("-") else []
+    where = f"invoke {context.name} -h" if getattr(context, "name", None) else "invoke --list"
+    hint = f" Did you mean {close[0]!r}?" if close else ""
+    return f"error: unknown flag or task {token!r}.{hint} ({where} lists what exists)"
+
+
+def _parse_error(self: ParseMachine, msg: str) -> None:
+    raise FlagError(_suggest(msg, self.context), self.context)
+
+
+_complete_flag = ParseMachine.complete_flag
+
+
+def _complete_flag_needing_a_value(self: ParseMachine) -> None:
+    flag = self.flag
+    if flag is not None and flag.kind is list and not self.flag_got_value:
+        name = flag.name.replace("_", "-")
+        self.error(f"error: --{name} needs a value and was given none (invoke TASK -h)")
+    _complete_flag(self)
+
+
+# Installed when the task modules load, i.e. in the invoke process only (tasks.py imports this).
+ParseMachine.error = _parse_error
+ParseMachine.complete_flag = _complete_flag_needing_a_value
 
 
 def bad_flag(flag: str, value: object, fix: str) -> Exit:

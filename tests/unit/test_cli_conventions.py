@@ -293,3 +293,32 @@ def test_readme_task_table_lists_every_task() -> None:
     for name in ns.task_names:
         shown = re.search(r"(invoke |`)" + re.escape(name) + r"[ `]", table)
         assert shown, f"README's task table does not list `{name}` (invoke --list has it)"
+
+
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        (["test", "--lnae", "unit"], "Did you mean '--lane'?"),
+        (["provision", "-H"], "--host needs a value"),
+        (["test", "--lane"], "--lane needs a value"),
+        (["cache.list", "--bogus"], "unknown flag or task '--bogus'"),
+    ],
+)
+def test_unknown_flags_and_missing_values_exit_2(tmp_path: Path, argv, needle) -> None:
+    env = {**os.environ, "HOME": str(tmp_path), "TORCH_DEVICE_BACKEND_AUTOLOAD": "0"}
+    run = subprocess.run(
+        [*INVOKE, "-r", str(REPO), *argv], cwd=tmp_path, env=env, capture_output=True,
+        text=True, timeout=120,
+    )  # fmt: skip
+    assert run.returncode == 2, (run.stdout, run.stderr)
+    assert needle in run.stderr and "Traceback" not in run.stderr, run.stderr
+    assert list(tmp_path.iterdir()) == []  # nothing ran: no report, no cache
+
+
+def test_no_guessed_short_flags() -> None:
+    for name in ns.task_names:
+        for arg in ns[name].get_arguments():
+            shorts = [n for n in arg.names if len(n) == 1]
+            assert shorts in ([], ["H"], ["l"]), f"{name} --{arg.name} has short flag {shorts}"
+            if shorts:
+                assert (shorts[0], arg.name) in (("H", "host"), ("l", "list"))
