@@ -56,10 +56,12 @@ def cache_list(c, cache_dir=None, json=None):
         write_json(entries, json)
         return
     lines = [f"{len(entries)} artifact(s) in {_cache_root(cache_dir)}"]
+    if entries:
+        lines.append(f"  {'key':<16}  {'bytes':>12}  {'march':<8} {'compiler':<24} files")
     for e in entries:
-        flag = " CORRUPT" if e["corrupt"] else ""
-        lines.append(f"  {e['key'][:16]}  {e['size']:>10} B  {e['march']}  {e['compiler']}  "
-                     f"{','.join(e['files'])}{flag}")  # fmt: skip
+        flag = "  CORRUPT" if e["corrupt"] else ""
+        lines.append(f"  {e['key'][:16]}  {e['size']:>12}  {str(e['march']):<8} "
+                     f"{str(e['compiler']):<24} {','.join(e['files'])}{flag}")  # fmt: skip
     print_lines(lines)
 
 

@@ -50,31 +50,36 @@ def build(c: Context, accelerator: str = "bpu", debug: bool = False) -> None:
 @task(
     klass=CliTask,
     honours_dry=True,  # every step is a c.run: --dry echoes them
-    help={"json": "also write the eager results as JSON to this file (- for standard output)"},
+    help={
+        "json": "also write the eager results as JSON to this file (- for standard output)",
+        "quick": "a one-minute check: few repeats, small inputs, two zoo models, no peers",
+    },
 )
-def bench(c: Context, json: str = "") -> None:
+def bench(c: Context, json: str = "", quick: bool = False) -> None:
     """Benchmarks: eager flagos vs CPU, the compile backend, and the zoo (scripts/bench_*.py)."""
     to_stdout = json == "-"
     if json and not to_stdout:
         check_output_file("--json", json)
     # `--json -`: standard output carries the JSON alone; the benchmarks' tables go to stderr.
     streams = {"out_stream": sys.stderr} if to_stdout else {}
+    # --quick: the same scripts and the same ratios, on a budget (numbers for docs come from a
+    # full run); its JSON goes to out/quick/ so a full run's files are never overwritten
+    steps = [
+        ("bench_eager.py", " --repeat 3" if quick else ""),
+        ("bench_compile.py", " --size 64 --iters 3 --calib-samples 2"
+         " --json out/quick/bench_compile.json" if quick else ""),
+        ("bench_zoo.py", " --scale test --iters 3 --models resnet18,vit --no-inductor"
+         " --json out/quick/bench_zoo.json" if quick else ""),
+        ("bench_public_zoo.py", None if quick else " --json out/bench_public_zoo.json"),
+    ]  # fmt: skip
     with tempfile.TemporaryDirectory() as tmp, c.cd(str(ROOT)):
         dest = str(Path(tmp) / "eager.json") if to_stdout else json
         out = f" --json {shlex.quote(dest)}" if dest else ""
-        c.run(f"{sys.executable} scripts/bench_eager.py{out}", env=dict(os.environ), **streams)
-        if (ROOT / "scripts" / "bench_compile.py").exists():
-            c.run(f"{sys.executable} scripts/bench_compile.py", env=dict(os.environ), **streams)
-        if (ROOT / "scripts" / "bench_zoo.py").exists():
-            # the public-architecture zoo through backend="bpu": out/bench_zoo.json and .png
-            c.run(f"{sys.executable} scripts/bench_zoo.py", env=dict(os.environ), **streams)
-        if (ROOT / "scripts" / "bench_public_zoo.py").exists():
-            # torchvision / timm / transformers models beside ONNX Runtime's int8 quantizer
-            c.run(
-                f"{sys.executable} scripts/bench_public_zoo.py --json out/bench_public_zoo.json",
-                env=dict(os.environ),
-                **streams,
-            )
+        for script, extra in steps:
+            if extra is None or not (ROOT / "scripts" / script).exists():
+                continue  # bench_public_zoo: minutes of ONNX Runtime quantization per model
+            flags = out + extra if script == "bench_eager.py" else extra
+            c.run(f"{sys.executable} scripts/{script}{flags}", env=dict(os.environ), **streams)
         if to_stdout:
             print_lines(Path(dest).read_text(encoding="utf-8").splitlines())
 
