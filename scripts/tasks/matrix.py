@@ -50,7 +50,7 @@ def test(
     require: list[str] | None = None,
     rerun_failed: bool = False,
 ) -> None:
-    """Run the tests. Without --matrix: the quick unit lane only.
+    """Run the tests. Without --matrix or --lane: the unit lane's quick tests (not `slow`).
 
     Arguments after `--` go to pytest in every pytest lane run (`invoke test --lane unit -- -k
     envfile -x`), with the lanes' expectations still applied.
@@ -66,8 +66,12 @@ def test(
         raise bad_flag("--json", json, "give a file path")
     if junit_dir is not None and not junit_dir.strip():
         raise bad_flag("--junit-dir", junit_dir, "give a directory path")
+    pytest_args = _pass_through()
     if not (matrix or lanes or list or platform or rerun_failed):
-        lanes = ["unit"]  # the quick default
+        # the quick default: the unit lane without its slow tests (`-m "not slow"`), what a
+        # developer runs before each commit; the matrix's unit lane runs them all
+        lanes = ["unit"]
+        pytest_args = pytest_args or ["-m", "not slow"]
     try:
         code = run_matrix(
             root=ROOT,
@@ -80,7 +84,7 @@ def test(
             workers=workers_n,
             require=require or None,
             rerun_failed=rerun_failed,
-            pytest_args=_pass_through(),
+            pytest_args=pytest_args,
         )
     except (MatrixError, UsageError) as err:
         raise Exit(f"error: {err}", code=2) from None

@@ -17,6 +17,7 @@ from scripts.testmatrix.schema import load
 REPO = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.slow
 def test_basic_facts_match_the_machine() -> None:
     found = caps.detect({"arch", "page_size", "sshd", "xdist", "qemu_system_aarch64"})
     assert found["arch"] == platform.machine()

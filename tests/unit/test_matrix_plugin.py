@@ -9,6 +9,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 HARNESS = Path(__file__).resolve().parents[2]
 
 TESTS = """
@@ -140,6 +142,7 @@ def test_stale_expectation_is_an_error(tmp_path: Path) -> None:
     assert len(stale) == 1 and stale[0]["expectation"].endswith("matrix.yaml:7")
 
 
+@pytest.mark.slow
 def test_stale_check_works_under_xdist(tmp_path: Path) -> None:
     root = _tree(tmp_path, [_entry("tests/nothing_*.py", "fail")])
     rc, out, records = _pytest(root, "-n", "2", "-k", "passes")
@@ -167,6 +170,7 @@ def test_condition_decides_whether_an_entry_applies(tmp_path: Path) -> None:
     assert "stale" not in out  # inactive entries are not checked for staleness
 
 
+@pytest.mark.slow
 def test_worker_crash_is_infra_error_unless_crash_expected(tmp_path: Path) -> None:
     root = _tree(tmp_path, [])
     (root / "tests" / "test_kill.py").write_text(

@@ -146,6 +146,7 @@ def test_matrix_file_that_is_not_utf8_is_a_one_line_error(tmp_path: Path) -> Non
     assert "matrix.yaml:3: not UTF-8" in str(info.value)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_interrupt_stops_the_lane_reports_and_exits_130(tmp_path: Path, sig: int) -> None:
     lanes = (
@@ -217,6 +218,7 @@ def test_markdown_summary_and_github_step_summary(
     assert step.read_text() == "earlier step\n" + text
 
 
+@pytest.mark.slow
 def test_rerun_failed_runs_only_what_failed(tmp_path: Path) -> None:
     lanes = LANE.format(name="mixed", path="tests/m", timeout=60, extra="") + LANE.format(
         name="clean", path="tests/c", timeout=60, extra=""
@@ -239,6 +241,7 @@ def test_rerun_failed_runs_only_what_failed(tmp_path: Path) -> None:
     assert code == 0 and "nothing failed in the last run" in out
 
 
+@pytest.mark.slow
 def test_partial_runs_keep_other_lanes_results_and_reruns(tmp_path: Path) -> None:
     lanes = LANE.format(name="mixed", path="tests/m", timeout=60, extra="") + LANE.format(
         name="clean", path="tests/c", timeout=60, extra=""
@@ -292,6 +295,7 @@ def test_two_runs_in_one_output_directory_do_not_mix(tmp_path: Path) -> None:
     assert _run(root)[0] == 0
 
 
+@pytest.mark.slow
 def test_lane_heartbeat_shows_elapsed_and_progress(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -439,6 +443,7 @@ def test_rerun_failed_with_a_corrupt_summary_is_a_usage_error(tmp_path: Path, te
         _run(root, rerun_failed=True)
 
 
+@pytest.mark.slow
 def test_json_dash_prints_the_summary_on_stdout_and_a_closed_pipe_is_quiet(
     tmp_path: Path,
 ) -> None:
@@ -464,6 +469,7 @@ def test_json_dash_prints_the_summary_on_stdout_and_a_closed_pipe_is_quiet(
     assert json.loads((root / "out/matrix/summary.json").read_text())["exit_code"] == 1
 
 
+@pytest.mark.slow
 def test_table_into_a_closed_pipe_still_writes_the_summary(tmp_path: Path) -> None:
     root = _tree(
         tmp_path,
@@ -542,6 +548,7 @@ def test_rerun_failed_after_an_interrupt_also_runs_the_lanes_never_reached(
     assert code == 0 and [lane["name"] for lane in summary["lanes"]] == ["u", "v"]
 
 
+@pytest.mark.slow
 def test_rebuilt_junit_stays_valid_xml_with_control_characters(tmp_path: Path) -> None:
     # A lane killed by its timeout gets its junit rebuilt from the per-test records; a failure
     # message holding control characters (colour codes, NUL) must not make the XML unreadable.

@@ -63,6 +63,7 @@ def _lane(summary: dict[str, Any], name: str) -> dict[str, Any]:
 LANE = "  {name}:\n    paths: [{path}]\n    workers: {workers}\n    timeout: {timeout}\n{extra}"
 
 
+@pytest.mark.slow
 def test_buckets_from_a_real_run(tmp_path: Path) -> None:
     known = (
         '  - test: "tests/mixed/test_m.py::test_known"\n    lanes: [mixed]\n    status: fail\n'
@@ -246,6 +247,7 @@ def test_invoke_tasks_are_registered_and_list_works(capsys: pytest.CaptureFixtur
     assert info.value.code == 2
 
 
+@pytest.mark.slow
 def test_stopping_the_runner_stops_the_lane(tmp_path: Path) -> None:
     root = _tree(
         tmp_path,
