@@ -14,6 +14,7 @@ represented by an older, greener file.
 from __future__ import annotations
 
 import contextlib
+import difflib
 import fcntl
 import importlib.util
 import json
@@ -510,11 +511,13 @@ def select_lanes(matrix: Matrix, names: list[str] | None) -> list[Lane]:
         return list(matrix.lanes.values())
     wanted = [n.strip() for item in names for n in item.split(",") if n.strip()]
     unknown = [n for n in wanted if n not in matrix.lanes]
-    if unknown:
-        raise MatrixError(
-            matrix.path,
-            0,
-            f"unknown lane(s) {', '.join(unknown)}; known: {', '.join(matrix.lanes)}",
+    if unknown:  # a flag value, not a line of matrix.yaml
+        hints = []
+        for name in unknown:
+            close = difflib.get_close_matches(name, list(matrix.lanes), n=1)
+            hints.append(f"{name!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
+        raise UsageError(
+            f"--lane: unknown lane(s) {', '.join(hints)}; known: {', '.join(matrix.lanes)}"
         )
     return [lane for name, lane in matrix.lanes.items() if name in wanted]
 
