@@ -117,7 +117,7 @@ def table(outcomes: list[Outcome], width: int | None = None) -> str:
                 o.action,
                 _cell(o.after),
                 f"{o.duration_s:.1f}s",
-                " ".join(detail.split()),
+                "\n".join(line.rstrip() for line in detail.strip("\n").splitlines()),
             )
         )
     return wrapped_table(rows, width)
@@ -127,7 +127,9 @@ def wrapped_table(rows: list[tuple[str, ...]], width: int | None = None) -> str:
     """`rows[0]` is the header; every column but the last is padded, and the last (a free-text
     detail) wraps at word boundaries under its own column instead of being cut.
 
-    `width` is the line width to wrap to (default: the terminal's, at least 100).
+    `width` is the line width to wrap to (default: the terminal's, at least 100). A detail of
+    several lines (build_verify's coverage table) keeps its lines, each under the column, and
+    only a line longer than the column wraps.
     """
     fixed = len(rows[0]) - 1
     widths = [max(len(r[i]) for r in rows) for i in range(fixed)]
@@ -138,7 +140,15 @@ def wrapped_table(rows: list[tuple[str, ...]], width: int | None = None) -> str:
     lines = []
     for i, row in enumerate(rows):
         head = "  ".join(c.ljust(widths[j]) for j, c in enumerate(row[:fixed])) + "  "
-        parts = textwrap.wrap(row[fixed], detail_width, break_long_words=False) or [""]
+        parts = [
+            part
+            for line in (row[fixed].splitlines() or [""])
+            for part in (
+                [line]
+                if len(line) <= detail_width
+                else textwrap.wrap(line, detail_width, break_long_words=False)
+            )
+        ] or [""]
         lines.append((head + parts[0]).rstrip())
         lines += [" " * indent + part for part in parts[1:]]
         if i == 0:

@@ -187,3 +187,15 @@ def test_required_step_left_out_is_checked_read_only(tmp_path):
     out = plan.dry_run(c, [consumer])
     assert [o.name for o in out] == ["envfile"]  # the dependency is not reported as run
     assert consumer.seen == [Inputs(box64=None)]
+
+
+def test_a_multi_line_detail_keeps_its_lines_under_the_column() -> None:
+    from provision.report import wrapped_table
+
+    coverage = "BPU coverage: 4/4 (100.0%)\ngraph part executor\n    0    0 sim"
+    text = wrapped_table([("step", "detail"), ("build_verify", coverage)], width=100)
+    lines = text.splitlines()
+    assert lines[2].endswith("BPU coverage: 4/4 (100.0%)")
+    column = lines[2].index("BPU")
+    assert lines[3][column:] == "graph part executor" and lines[4][column:] == "    0    0 sim"
+    assert lines[3][:column].strip() == "" and lines[4][:column].strip() == ""
