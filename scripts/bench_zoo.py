@@ -92,9 +92,14 @@ def run_model(
     row["cpu_ops"] = cpu
 
     torch._dynamo.reset()
-    sim = torch.compile(model, backend="bpu", options={**base, "executor": "sim"})
+    # the default-scale column is what an uncalibrated int8 graph computes: calibrate="none"
+    # (the backend's own default calibrates on the first call instead)
+    sim = torch.compile(
+        model, backend="bpu", options={**base, "executor": "sim", "calibrate": "none"}
+    )
     try:
-        with torch.no_grad(), report.collect() as sim_reps:
+        with torch.no_grad(), report.collect() as sim_reps, warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*default activation scale")
             row["cosine_default"] = _cos(sim(x), ref)
     except Exception as exc:  # keep the coverage numbers of a model whose export fails
         row["error"] = f"sim: {type(exc).__name__}: {str(exc)[:200]}"
@@ -179,15 +184,20 @@ def _plot(rows: list[dict], path: Path) -> bool:
         return False
     ok = [r for r in rows if "error" not in r]
     names = [r["model"] for r in ok]
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(13, 4.5))
+    timed = any(r.get("latency_ms") for r in ok)  # --no-timing: the accuracy panel alone
+    if timed:
+        fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(13, 4.5))
+    else:
+        fig, ax2 = plt.subplots(1, 1, figsize=(7, 4.5))
     width = 0.27
-    for i, key in enumerate(("eager_fp32", "inductor", "sim")):
-        values = [r.get("latency_ms", {}).get(key, 0.0) for r in ok]
-        ax1.bar([j + (i - 1) * width for j in range(len(ok))], values, width, label=key)
-    ax1.set_xticks(range(len(ok)), names, rotation=45, ha="right")
-    ax1.set_ylabel("ms per call, 1 thread (median)")
-    ax1.set_title("latency")
-    ax1.legend()
+    if timed:
+        for i, key in enumerate(("eager_fp32", "inductor", "sim")):
+            values = [r.get("latency_ms", {}).get(key, 0.0) for r in ok]
+            ax1.bar([j + (i - 1) * width for j in range(len(ok))], values, width, label=key)
+        ax1.set_xticks(range(len(ok)), names, rotation=45, ha="right")
+        ax1.set_ylabel("ms per call, 1 thread (median)")
+        ax1.set_title("latency")
+        ax1.legend()
     for i, key in enumerate(("cosine_default", "cosine_calibrated")):
         values = [max(0.0, r[key]) for r in ok]
         ax2.bar([j + (i - 0.5) * width for j in range(len(ok))], values, width, label=key)
@@ -230,6 +240,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unknown model(s) {unknown}; the zoo has {', '.join(ZOO)}")
     rows = []
     cache = tempfile.mkdtemp(prefix="bench-zoo-cache-")
+    print(_table([]), flush=True)  # the header; each model's row follows as it finishes
     for name in names:
         t0 = time.perf_counter()
         try:
@@ -248,8 +259,6 @@ def main(argv: list[str] | None = None) -> int:
         row["wall_s"] = round(time.perf_counter() - t0, 1)
         rows.append(row)
         print(_table([row]).splitlines()[-1], flush=True)
-    print()
-    print(_table(rows))
     for r in rows:
         if r.get("cpu_ops"):
             print(f"{r['model']}: on the CPU: " + "; ".join(f"{t}" for t in r["cpu_ops"]))
