@@ -16,7 +16,7 @@ from pathlib import Path
 from types import ModuleType
 
 PACKAGE_DIR = Path(__file__).resolve().parents[1] / "torch_fl"
-LIGHT = ("targets", "atomic", "envfile", "bpu.drivers.hbdk4_guest")
+LIGHT = ("targets", "atomic", "envfile", "bpu.drivers.hbdk4_guest", "bpu.cache_listing")
 _LOCK = threading.Lock()  # provisioning runs hosts in threads: nobody sees a half-run module
 
 

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from invoke import Collection, task
 
+from provision import light
 from scripts.tasks.cli import (
     CliTask,
     bad_flag,
@@ -34,9 +35,12 @@ def _cache_root(cache_dir: str | None) -> Path:
         if path.exists() and not path.is_dir():
             raise bad_flag("--cache-dir", cache_dir, "is a file; give the cache directory")
         return path
-    from torch_fl.bpu.settings import resolve
-
-    return Path(resolve().cache_dir)
+    # settings.resolve().cache_dir, read the light way (the env file reader and the default are
+    # the same modules resolve() uses): the cache tasks must not wait for torch to import
+    raw, _where = light.load("envfile").lookup("FLAGOS_BPU_CACHE")
+    if raw and raw.strip():
+        return Path(os.path.abspath(os.path.expanduser(raw)))
+    return Path(light.load("bpu.cache_listing").default_cache_dir())
 
 
 @task(
@@ -48,10 +52,9 @@ def _cache_root(cache_dir: str | None) -> Path:
 )
 def cache_list(c, cache_dir=None, json=None):
     """List cached BPU artifacts."""
-    check_output_file("--json", json)  # before importing torch: bad input fails at once
-    from torch_fl.bpu.cache import ArtifactCache
-
-    entries = ArtifactCache(_cache_root(cache_dir)).entries()
+    check_output_file("--json", json)
+    # the standard-library listing, loaded without torch (cache.list answers in well under 1 s)
+    entries = light.load("bpu.cache_listing").list_entries(_cache_root(cache_dir))
     if json is not None:
         write_json(entries, json)
         return

@@ -28,7 +28,6 @@ import fcntl
 import hashlib
 import json
 import os
-import re
 import shutil
 import stat
 import tempfile
@@ -39,16 +38,18 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from torch_fl import atomic
+from torch_fl.bpu.cache_listing import (
+    FILE_NAME as _FILE_NAME,
+)
+from torch_fl.bpu.cache_listing import (
+    MANIFEST,
+    is_key,
+    list_entries,
+)
+from torch_fl.bpu.cache_listing import (
+    valid_manifest as _valid_manifest,
+)
 from torch_fl.bpu.errors import CacheError
-
-MANIFEST = "manifest.json"
-_HEX_KEY = re.compile(r"[0-9a-f]{64}")
-_FILE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
-
-
-def is_key(key: object) -> bool:
-    """A sha256 hex digest: the only form of key (and file stem) this cache uses."""
-    return isinstance(key, str) and _HEX_KEY.fullmatch(key) is not None
 
 
 def artifact_key(
@@ -112,25 +113,6 @@ def _regular_size(path: Path) -> int:
     if not stat.S_ISREG(info.st_mode):
         raise OSError(errno.EINVAL, "not a regular file", str(path))
     return info.st_size
-
-
-def _valid_manifest(meta: object, key: str) -> str:
-    """'' if `meta` has the shape `put` writes, else what is wrong with it."""
-    if not isinstance(meta, dict):
-        return f"manifest is a {type(meta).__name__}, not an object"
-    files = meta.get("files")
-    if not isinstance(files, dict) or not files:
-        return "manifest lists no files"
-    for name, info in files.items():
-        if not isinstance(name, str) or not _FILE_NAME.fullmatch(name) or name == MANIFEST:
-            return f"manifest names a file {name!r} that is not a plain file name"
-        if not isinstance(info, dict):
-            return f"manifest entry for {name} is not an object"
-        if not (isinstance(info.get("sha256"), str) and isinstance(info.get("size"), int)):
-            return f"manifest entry for {name} has no sha256/size"
-    if meta.get("key") != key:
-        return f"manifest belongs to key {str(meta.get('key'))[:16]}..., not {key[:16]}..."
-    return ""
 
 
 @dataclass(frozen=True)
@@ -304,35 +286,7 @@ class ArtifactCache:
 
     # -- maintenance ----------------------------------------------------------------------------
     def entries(self) -> list[dict]:
-        out = []
-        base = self.root / "artifacts"
-        if not base.is_dir():
-            return out
-        for directory in sorted(base.iterdir()):
-            if directory.name.startswith("."):
-                continue
-            try:
-                meta = json.loads((directory / MANIFEST).read_text())
-            except (OSError, ValueError):
-                meta = {"corrupt": True}
-            if not is_key(directory.name) or _valid_manifest(meta, directory.name):
-                meta = {"corrupt": True}
-            try:
-                size = sum(f.stat().st_size for f in directory.iterdir() if f.is_file())
-            except OSError:
-                size = 0
-            out.append(
-                {
-                    "key": directory.name,
-                    "size": size,
-                    "march": meta.get("march"),
-                    "compiler": meta.get("compiler_id"),
-                    "files": sorted(meta.get("files", {})),
-                    "created": meta.get("created"),
-                    "corrupt": bool(meta.get("corrupt")),
-                }
-            )
-        return out
+        return list_entries(self.root)
 
     def clean(self, older_than_s: float | None = None) -> int:
         """Remove entries (all, or those older than `older_than_s`); return how many."""

@@ -33,7 +33,9 @@ COMPILE_ARTIFACT = ("auto", "always", "never")
 
 
 def _default_cache_dir() -> str:
-    return os.path.join(os.path.expanduser("~"), ".cache", "torch-fl", "bpu")
+    from torch_fl.bpu.cache_listing import default_cache_dir
+
+    return default_cache_dir()
 
 
 def max_sim_threads() -> int:
