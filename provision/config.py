@@ -45,6 +45,9 @@ def read_yaml_mapping(path: Path, label: str = "config file") -> dict[str, Any]:
     """A YAML file holding a mapping (empty: {}). Each way it can be wrong is one ConfigError
     naming `label` (how the user knows the file: "config file", "--farm-config") and the path."""
     try:
+        if path.exists() and not path.is_dir() and not path.is_file():
+            # a FIFO or a device would block the read (or never end): refuse it unread
+            raise ConfigError(f"{label} {path} is not a regular file; give the YAML file")
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
     except FileNotFoundError as exc:
         raise ConfigError(f"{label} {path} does not exist; fix the path") from exc

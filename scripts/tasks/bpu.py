@@ -139,6 +139,11 @@ def compile_host(c, model, shape="1,3,224,224", calibration=None, march=None, st
 )
 def ship_cache(c, dest, cache_dir=None):
     """Copy the artifact cache (artifacts + index) to a board, where the same keys hit."""
+    if not dest.strip():
+        # Path("") is the current directory: an empty value must never unpack the cache here
+        raise bad_flag("DEST", dest, "give user@host[:dir] or a local directory")
+    if not ("@" in dest or ":" in dest) and Path(dest).exists() and not Path(dest).is_dir():
+        raise bad_flag("DEST", dest, "is a file; give a directory (or user@host[:dir])")
     root = _cache_root(cache_dir)
     if not (root / "artifacts").is_dir():
         raise SystemExit(f"nothing to ship: {root}/artifacts does not exist")

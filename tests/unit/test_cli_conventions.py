@@ -326,3 +326,17 @@ def test_no_guessed_short_flags() -> None:
             assert shorts in ([], ["H"], ["l"]), f"{name} --{arg.name} has short flag {shorts}"
             if shorts:
                 assert (shorts[0], arg.name) in (("H", "host"), ("l", "list"))
+
+
+def test_ship_cache_to_an_empty_destination_unpacks_nothing(tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    (cache / "artifacts" / "a").mkdir(parents=True)
+    work = tmp_path / "work"
+    work.mkdir()
+    for dest in ("", "  "):
+        run = subprocess.run(
+            [*INVOKE, "-r", str(REPO), "ship-cache", dest, "--cache-dir", str(cache)],
+            cwd=work, capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert run.returncode == 2 and "DEST" in run.stderr, (run.stdout, run.stderr)
+    assert list(work.iterdir()) == []  # Path("") is the cwd: nothing was unpacked there

@@ -157,3 +157,14 @@ def test_empty_config_path_is_an_error_not_the_defaults():
 def test_parse_host_refuses_what_is_not_an_address(bad):
     with pytest.raises(ValueError, match="user@addr|IPv6"):
         parse_host(bad)
+
+
+def test_a_fifo_as_config_file_is_refused_unread(tmp_path) -> None:
+    import os
+
+    from provision.config import ConfigError, read_yaml_mapping
+
+    fifo = tmp_path / "config.yaml"
+    os.mkfifo(fifo)
+    with pytest.raises(ConfigError, match="not a regular file"):
+        read_yaml_mapping(fifo)  # a read would block forever: no writer
