@@ -24,42 +24,13 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 import torch_fl.bpu as bpu  # noqa: E402
-from tests.zoo.public import MODELS, build  # noqa: E402
+from tests.zoo.public import MODELS, build, cosine, output_tensors, samples  # noqa: E402
 
 
-def _tensors(value) -> list[torch.Tensor]:
-    if isinstance(value, torch.Tensor):
-        return [value]
-    if isinstance(value, dict):
-        return [t for v in value.values() for t in _tensors(v)]
-    if isinstance(value, (list, tuple)):
-        return [t for v in value for t in _tensors(v)]
-    return []
-
-
-def _cosine(a, b) -> float:
-    a, b = np.asarray(a, np.float64).ravel(), np.asarray(b, np.float64).ravel()
-    return float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b)))
-
-
-def _samples(inputs, n: int, seed: int):
-    g = torch.Generator().manual_seed(seed)
-    return [
-        tuple(
-            torch.randn(t.shape, generator=g)
-            if t.is_floating_point()
-            else torch.randint(0, int(t.max()) + 1, t.shape, generator=g)
-            for t in inputs
-        )
-        for _ in range(n)
-    ]
-
-
-def _ort_int8(model, samples, test) -> float:
+def _ort_int8(model, calib, test) -> float:
     """ONNX Runtime's static QDQ quantizer, symmetric int8 activations, per-channel weights."""
     from onnxruntime import InferenceSession
     from onnxruntime.quantization import (
@@ -71,7 +42,7 @@ def _ort_int8(model, samples, test) -> float:
 
     class Reader(CalibrationDataReader):
         def __init__(self) -> None:
-            self.feeds = iter([{"x": s[0].numpy()} for s in samples])
+            self.feeds = iter([{"x": s[0].numpy()} for s in calib])
 
         def get_next(self):
             return next(self.feeds, None)
@@ -96,23 +67,23 @@ def _ort_int8(model, samples, test) -> float:
             None, {"x": test[0].numpy()}
         )[0]
     with torch.no_grad():
-        return _cosine(out, model(*test).numpy())
+        return cosine(torch.from_numpy(out), model(*test))
 
 
 def measure(name: str) -> dict:
     start = time.perf_counter()
     model, inputs = build(name)
-    samples = _samples(inputs, 4, seed=1)
-    test = _samples(inputs, 1, seed=7)[0]
+    calib = samples(inputs, 4, seed=1)
+    test = samples(inputs, 1, seed=7)[0]
     torch._dynamo.reset()
     compiled = torch.compile(model, backend="bpu", options={"executor": "sim", "cache": False})
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        bpu.calibrate(compiled, samples)
+        bpu.calibrate(compiled, calib)
         rep = bpu.explain(compiled, *test)
         got, ref = compiled(*test), model(*test)
-    pairs = zip(_tensors(got), _tensors(ref), strict=True)
-    cos = min(_cosine(a, b) for a, b in pairs if a.is_floating_point() and a.numel())
+    pairs = zip(output_tensors(got), output_tensors(ref), strict=True)
+    cos = min(cosine(a, b) for a, b in pairs if a.is_floating_point() and a.numel())
     row = {
         "model": name,
         "library": MODELS[name].library,
@@ -123,7 +94,7 @@ def measure(name: str) -> dict:
     }
     if all(t.is_floating_point() for t in inputs):
         try:
-            row["ort_int8_cosine"] = round(_ort_int8(model, samples, test), 5)
+            row["ort_int8_cosine"] = round(_ort_int8(model, calib, test), 5)
         except Exception as exc:  # a peer that cannot run this model is reported, not fatal
             row["ort_int8_cosine"] = f"failed: {type(exc).__name__}"
     row["seconds"] = round(time.perf_counter() - start, 1)

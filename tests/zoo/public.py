@@ -83,15 +83,6 @@ def _hf(config_name: str, model_name: str, **config) -> Callable:
     return make
 
 
-_SMALL_DECODER = dict(
-    vocab_size=256,
-    hidden_size=64,
-    intermediate_size=128,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    max_position_embeddings=64,
-)
 _SMALL_ENCODER = dict(
     vocab_size=256,
     hidden_size=64,
@@ -100,6 +91,7 @@ _SMALL_ENCODER = dict(
     num_attention_heads=4,
     max_position_embeddings=64,
 )
+_SMALL_DECODER = {**_SMALL_ENCODER, "num_key_value_heads": 2}  # grouped-query attention
 
 MODELS: dict[str, PublicModel] = {
     "tv_resnet18": PublicModel("torchvision", _tv("resnet18")),
@@ -164,3 +156,33 @@ def build(name: str) -> tuple[torch.nn.Module, tuple[torch.Tensor, ...]]:
     model, inputs = MODELS[name].make()
     _settle_batchnorm(model, inputs)
     return model.eval(), inputs
+
+
+def output_tensors(value) -> list[torch.Tensor]:
+    """Every tensor in a model's output (tensor, tuple, list, dict or Hugging Face ModelOutput)."""
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, dict):
+        return [t for v in value.values() for t in output_tensors(v)]
+    if isinstance(value, (list, tuple)):
+        return [t for v in value for t in output_tensors(v)]
+    return []
+
+
+def cosine(a: torch.Tensor, b: torch.Tensor) -> float:
+    a, b = a.flatten().double(), b.flatten().double()
+    return torch.nn.functional.cosine_similarity(a, b, dim=0).item()
+
+
+def samples(inputs: tuple[torch.Tensor, ...], n: int, seed: int) -> list[tuple[torch.Tensor, ...]]:
+    """`n` random input tuples shaped like `inputs` (token ids stay in their range)."""
+    g = torch.Generator().manual_seed(seed)
+    return [
+        tuple(
+            torch.randn(t.shape, generator=g)
+            if t.is_floating_point()
+            else torch.randint(0, int(t.max()) + 1, t.shape, generator=g)
+            for t in inputs
+        )
+        for _ in range(n)
+    ]

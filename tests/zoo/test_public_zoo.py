@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import torch_fl.bpu as bpu
-from tests.zoo.public import MODELS, available, build
+from tests.zoo.public import MODELS, available, build, cosine, output_tensors, samples
 
 # model: (min coverage %, max partitions, min calibrated cosine): the measured state, a little
 # below it (docs/compile-models.md, *Public architectures*, one run of
@@ -46,34 +46,6 @@ EXPECTED: dict[str, tuple[float, int, float]] = {
 }
 
 
-def _tensors(value) -> list[torch.Tensor]:
-    if isinstance(value, torch.Tensor):
-        return [value]
-    if isinstance(value, dict):
-        return [t for v in value.values() for t in _tensors(v)]
-    if isinstance(value, (list, tuple)):
-        return [t for v in value for t in _tensors(v)]
-    return []
-
-
-def _cosine(a: torch.Tensor, b: torch.Tensor) -> float:
-    a, b = a.flatten().double(), b.flatten().double()
-    return torch.nn.functional.cosine_similarity(a, b, dim=0).item()
-
-
-def _samples(inputs: tuple[torch.Tensor, ...], n: int) -> list[tuple[torch.Tensor, ...]]:
-    g = torch.Generator().manual_seed(1)
-    return [
-        tuple(
-            torch.randn(t.shape, generator=g)
-            if t.is_floating_point()
-            else torch.randint(0, int(t.max()) + 1, t.shape, generator=g)
-            for t in inputs
-        )
-        for _ in range(n)
-    ]
-
-
 def test_every_model_has_an_expectation():
     assert set(EXPECTED) == set(MODELS)
 
@@ -87,13 +59,13 @@ def test_public_model(name):
     compiled = torch.compile(model, backend="bpu", options={"executor": "sim"})
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        bpu.calibrate(compiled, _samples(inputs, 4))
+        bpu.calibrate(compiled, samples(inputs, 4, seed=1))
         rep = bpu.explain(compiled, *inputs)
         out = compiled(*inputs)
         ref = model(*inputs)
     assert rep.coverage_pct >= min_cov and len(rep.partitions) <= max_parts, rep.table()
     assert all(p.executor == "sim" for p in rep.partitions), rep.table()
     assert all(p.calibration and p.calibration["state"] == "calibrated" for p in rep.partitions)
-    pairs = [(a, b) for a, b in zip(_tensors(out), _tensors(ref), strict=True)]
-    cos = min(_cosine(a, b) for a, b in pairs if a.is_floating_point() and a.numel())
+    pairs = [(a, b) for a, b in zip(output_tensors(out), output_tensors(ref), strict=True)]
+    cos = min(cosine(a, b) for a, b in pairs if a.is_floating_point() and a.numel())
     assert cos >= min_cos, f"{name}: cosine {cos:.5f} < {min_cos}\n{rep.table()}"

@@ -143,15 +143,14 @@ def _static_compile(
     from torch._guards import TracingContext, tracing
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    gm, args = _fold_scalar_items(gm, args)
+    gm = _fold_scalar_items(gm, args)
     fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
     fakes = [
         fake_mode.from_tensor(a, static_shapes=True) if isinstance(a, torch.Tensor) else a
         for a in args
     ]
     with tracing(TracingContext(fake_mode)):
-        compiled = compile_static(gm, fakes, settings, grad)
-    return compiled
+        return compile_static(gm, fakes, settings, grad)
 
 
 def _scalar_inputs(gm: fx.GraphModule, values: Sequence[Any]) -> list[int]:
@@ -173,11 +172,11 @@ def _scalar_items(gm: fx.GraphModule, args: Sequence[Any]) -> dict[int, Any]:
     return {i: args[i].item() for i in _scalar_inputs(gm, args)}
 
 
-def _fold_scalar_items(gm: fx.GraphModule, args: Sequence[Any]) -> tuple[fx.GraphModule, list]:
+def _fold_scalar_items(gm: fx.GraphModule, args: Sequence[Any]) -> fx.GraphModule:
     """A copy of `gm` with each `_scalar_items` input's `.item()` replaced by its value."""
     items = _scalar_items(gm, args)
     if not items:
-        return gm, list(args)
+        return gm
     graph = fx.Graph()
     mapping: dict[fx.Node, fx.Node] = {}
     graph.graph_copy(gm.graph, mapping)
@@ -195,7 +194,7 @@ def _fold_scalar_items(gm: fx.GraphModule, args: Sequence[Any]) -> tuple[fx.Grap
     for old in old_inputs:
         if hasattr(old, "_dynamo_source"):
             mapping[old]._dynamo_source = old._dynamo_source
-    return folded, list(args)
+    return folded
 
 
 def _host_run(gm: fx.GraphModule, reason: str) -> Callable:
