@@ -39,7 +39,8 @@ FUSED_PATHS = [
             sim_kernels.probe("u8s8") is not None, reason="u8s8 kernels saturate on this CPU"
         ),
     ),
-    "u8u8",  # what a CPU without VNNI runs: exact everywhere
+    "mixed",  # what a CPU without VNNI runs: u8s8 on Relu'd inputs, u8u8 elsewhere
+    "u8u8",  # exact everywhere
 ]
 
 
@@ -162,7 +163,18 @@ def _accumulate(layer: _Layer, xq: np.ndarray) -> np.ndarray:
     return acc, channel_axis
 
 
-def _check_layers(reference: onnx.ModelProto, fast: onnx.ModelProto, feed, zero_point: int):
+def _zero_points(fast: onnx.ModelProto) -> dict[str, int]:
+    """Each quantized tensor's zero point in the integer form (128, or 0 where `mixed` holds a
+    Relu'd tensor as uint8 0..127), read from the DequantizeLinear nodes that read it."""
+    inits = {i.name: numpy_helper.to_array(i) for i in fast.graph.initializer}
+    return {
+        n.input[0]: int(inits[n.input[2]])
+        for n in fast.graph.node
+        if n.op_type == "DequantizeLinear" and len(n.input) > 2 and n.input[0] not in inits
+    }
+
+
+def _check_layers(reference: onnx.ModelProto, fast: onnx.ModelProto, feed):
     """Per layer: |acc| < 2^31 and fast requantized output within one step of int64."""
     layers = _layers(reference)
     assert layers
@@ -171,8 +183,9 @@ def _check_layers(reference: onnx.ModelProto, fast: onnx.ModelProto, feed, zero_
         zip(names, _session(_with_outputs(fast, names), True).run(names, feed), strict=True)
     )
     x_scales = {i.name: numpy_helper.to_array(i) for i in reference.graph.initializer}
+    zero_points = _zero_points(fast)
     for layer in layers:
-        xq = values[layer.x_q].astype(np.int64) - zero_point
+        xq = values[layer.x_q].astype(np.int64) - zero_points[layer.x_q]
         acc, axis = _accumulate(layer, xq)
         assert np.abs(acc).max() < 2**31, f"{layer.node.name}: int32 accumulator overflows"
         x_scale = float(x_scales[layer.x_q.replace("_quantized", "_scale")])
@@ -182,7 +195,7 @@ def _check_layers(reference: onnx.ModelProto, fast: onnx.ModelProto, feed, zero_
         want = np.clip(np.rint(acc * (x_scale * w_scale / layer.out_scale)), -128, 127)
         if layer.relu:
             want = np.maximum(want, 0)
-        got = values[layer.out_q].astype(np.int64) - zero_point
+        got = values[layer.out_q].astype(np.int64) - zero_points.get(layer.out_q, 128)
         step = int(np.abs(got - want).max())
         assert step <= 1, f"{layer.node.op_type} {layer.node.name}: {step} steps from int64"
     return len(layers)
@@ -193,7 +206,11 @@ def _check_layers(reference: onnx.ModelProto, fast: onnx.ModelProto, feed, zero_
 def test_zoo_integer_kernels_match_int64_reference(name, path):
     reference, feed = _calibrated_reference(name)
     fast = to_integer_form(reference, path)
-    assert _check_layers(reference, fast, feed, zero_point=128) >= 3
+    assert _check_layers(reference, fast, feed) >= 3
+    if path == "mixed" and name in ("resnet18", "mobilenetv3_small"):
+        # Relu'd tensors held as uint8 0..127 and read by int8-weight (u8s8) ops
+        assert 0 in _zero_points(fast).values()
+        assert any(i.data_type == onnx.TensorProto.INT8 and i.dims for i in fast.graph.initializer)
     # and the whole partition: the fused session against the float Q/DQ reference
     (ref_out,) = _session(reference, False).run(None, feed)[:1]
     (fast_out,) = _session(fast, True).run(None, feed)[:1]
@@ -201,7 +218,7 @@ def test_zoo_integer_kernels_match_int64_reference(name, path):
     assert a @ b / (np.linalg.norm(a) * np.linalg.norm(b)) > 0.9995
 
 
-@pytest.mark.parametrize("path", ("u8s8", "u8u8"))
+@pytest.mark.parametrize("path", ("u8s8", "mixed", "u8u8"))
 def test_integer_form_represents_the_same_values(path):
     """Run without fusion (Q/DQ as float steps), the rewritten graph is bit-identical."""
     reference, feed = _calibrated_reference("resnet18")
@@ -221,9 +238,10 @@ def test_integer_form_represents_the_same_values(path):
         if n.op_type == "Relu"
         and [r.op_type for r in readers.get(n.output[0], [])] == ["QuantizeLinear"]
     ]
-    assert not left and "Max" in {n.op_type for n in fast.graph.node}
+    clamps = {n.op_type for n in fast.graph.node if n.name.endswith("::clamp_int")}
+    assert not left and ("Clip" in clamps if path == "mixed" else clamps == {"Max"})
     u8 = [i for i in fast.graph.initializer if i.data_type == onnx.TensorProto.UINT8 and i.dims]
-    assert bool(u8) == (path == "u8u8")  # weights shifted only for u8u8
+    assert bool(u8) == (path != "u8s8")  # weights shifted for u8u8, and in mixed beside Relu
 
 
 def _saturating_u8s8(model: onnx.ModelProto):
@@ -235,17 +253,22 @@ def _saturating_u8s8(model: onnx.ModelProto):
     wdq = producer[conv.input[1]]
     w = inits[wdq.input[0]].astype(np.int64)
     w_scale = inits[wdq.input[1]].astype(np.float64)
-    xq_node = producer[producer[conv.input[0]].input[0]]
-    x_scale = float(inits[xq_node.input[1]])
-    x_zp = int(inits[xq_node.input[2]])
-    yq_node = next(
-        n for n in model.graph.node if n.op_type == "QuantizeLinear" and n is not xq_node
+    x_dq = producer[conv.input[0]]
+    x_scale = float(inits[x_dq.input[1]])
+    x_zp = int(inits[x_dq.input[2]])
+    # `mixed`: the conv reads Relu'd values, Q(zero point 0) -> Clip(0, 127)
+    clip = producer.get(x_dq.input[0])
+    low, high = (
+        (int(inits[clip.input[1]]), int(inits[clip.input[2]]))
+        if clip is not None and clip.op_type == "Clip"
+        else (0, 255)
     )
+    yq_node = next(n for n in model.graph.node if n.input and n.input[0] == conv.output[0])
     y_scale, y_zp = float(inits[yq_node.input[1]]), int(inits[yq_node.input[2]])
     k = w.shape[-1]
 
     def run(x: np.ndarray) -> np.ndarray:
-        xu = np.clip(np.rint(x / x_scale) + x_zp, 0, 255).astype(np.int64)
+        xu = np.clip(np.rint(x / x_scale) + x_zp, low, high).astype(np.int64)
         c, h, wd = xu.shape[1:]
         pad = np.pad(xu[0], ((0, 0), (k // 2, k // 2), (k // 2, k // 2)), constant_values=x_zp)
         cols = np.stack(
@@ -285,10 +308,20 @@ def test_auto_picks_u8s8_with_vnni(cpu):
     assert sim_kernels.choose("auto").path == "u8s8"
 
 
-def test_auto_without_vnni_uses_u8u8(cpu):
+def test_auto_without_vnni_uses_mixed_then_u8u8(cpu):
     cpu({"avx2", "fma"}, {"u8s8": "would saturate"})
     choice = sim_kernels.choose("auto")
-    assert choice.path == "u8u8" and "without VNNI" in choice.reason
+    assert choice.path == "mixed" and "without VNNI" in choice.reason
+    sim_kernels.choose.cache_clear()
+    cpu({"avx2", "fma"}, {"u8s8": "would saturate", "mixed": "mixed kernels are not exact"})
+    choice = sim_kernels.choose("auto")
+    assert choice.path == "u8u8" and "mixed kernels are not exact" in choice.reason
+
+
+def test_mixed_probe_passes_where_u8s8_saturates():
+    """On Relu'd inputs (0..127) even AVX2's saturating int16 pair sums are exact."""
+    assert sim_kernels.probe("u8s8", runner=_saturating_u8s8) is not None
+    assert sim_kernels.probe("mixed", runner=_saturating_u8s8) is None
 
 
 def test_auto_with_vnni_flag_but_inexact_probe_falls_back(cpu):
@@ -307,6 +340,7 @@ def test_forced_path_that_is_not_exact_here_is_an_error(cpu):
     ("options", "path"),
     [
         ({"sim_kernels": "u8u8"}, "u8u8"),
+        ({"sim_kernels": "mixed"}, "mixed"),
         ({"sim_kernels": "float"}, "float"),
         ({"sim_weights": "live"}, "float"),
     ],
@@ -328,7 +362,9 @@ def test_kernel_path_reported_and_used(options, path):
 
 
 def test_bad_kernel_setting_is_rejected():
-    with pytest.raises(bpu.SettingsError, match="sim_kernels.*valid: auto\\|u8s8\\|u8u8\\|float"):
+    with pytest.raises(
+        bpu.SettingsError, match="sim_kernels.*valid: auto\\|u8s8\\|mixed\\|u8u8\\|float"
+    ):
         bpu.resolve({"sim_kernels": "avx"})
 
 

@@ -27,7 +27,7 @@ CALIBRATE_MODES = ("auto", "first-call", "require", "none")
 CALIB_METHODS = ("max", "percentile")
 ON_STALE = ("recompile", "eager")
 SIM_WEIGHTS = ("live", "checked")
-SIM_KERNELS = ("auto", "u8s8", "u8u8", "float")
+SIM_KERNELS = ("auto", "u8s8", "mixed", "u8u8", "float")
 REPORT_FORMATS = ("none", "table", "json")
 COMPILE_ARTIFACT = ("auto", "always", "never")
 
@@ -330,8 +330,10 @@ class BpuSettings:
         _choice(SIM_KERNELS),
         "|".join(SIM_KERNELS),
         "Kernels the sim executor runs the int8 graph with. `auto`: the fastest exact path for "
-        "this CPU (u8s8 with VNNI, else u8u8, else float), each checked by a saturation probe. "
-        "`u8s8`/`u8u8`: that fused integer path (an error if its probe is not exact here). "
+        "this CPU (u8s8 with VNNI, else mixed, else u8u8, else float), each checked by a "
+        "saturation probe. `mixed`: u8s8 for ops reading Relu'd (non-negative) tensors, u8u8 "
+        "elsewhere. `u8s8`/`mixed`/`u8u8`: that fused integer path (an error if its probe is not "
+        "exact here). "
         "`float`: Q/DQ as float rounding steps around float kernels.",
         "FLAGOS_BPU_SIM_KERNELS",
     )

@@ -10,6 +10,10 @@ rewrites the graph for a kernel path without changing a represented value:
   clipping at -128..127), weights stay int8. The fastest kernels on CPUs with VNNI.
 - `u8u8`: weights move to uint8 with zero point 128 too, for CPUs whose u8s8 kernels add pairs
   of products in saturating int16 (AVX2 without VNNI); the u8u8 kernels widen first.
+- `mixed`: for the same CPUs, a tensor that a Relu (or a Clip from 0 up) leaves non-negative is
+  held as uint8 with zero point 0 instead: its values 0..127 times int8 weights (|w| <= 128) add
+  in pairs to at most 2 x 127 x 128 = 32512, so the faster u8s8 kernels cannot saturate on it
+  and the ops reading it keep int8 weights; every other weight op takes the u8u8 form.
 
 And in both, a Relu or constant-bound Clip between an op and the quantization of its result
 (op -> Relu -> Q) moves after the quantization as max(q, zero point), or a Clip of the quantized
@@ -25,8 +29,9 @@ from onnx import numpy_helper
 
 from torch_fl.bpu.conversion.export import constant_names, constant_value
 
-PATHS = ("u8s8", "u8u8")
+PATHS = ("u8s8", "u8u8", "mixed")
 SHIFT = 128
+INT8_MAX = 127
 
 
 def _scalar_int8(init: onnx.TensorProto | None) -> bool:
@@ -38,13 +43,19 @@ class _Rewriter:
         self.model = model
         graph = model.graph
         self.inits = {i.name: i for i in graph.initializer}
+        self._index()
+        self.new_inits: dict[str, onnx.TensorProto] = {}
+        self.constants = constant_names(model)
+
+    def _index(self) -> None:
+        """Who produces and who reads each tensor (again after nodes are re-added: protobuf's
+        extend copies them)."""
+        graph = self.model.graph
         self.producer = {o: n for n in graph.node for o in n.output}
         self.readers: dict[str, list[onnx.NodeProto]] = {}
         for node in graph.node:
             for name in node.input:
                 self.readers.setdefault(name, []).append(node)
-        self.new_inits: dict[str, onnx.TensorProto] = {}
-        self.constants = constant_names(model)
 
     def _u8(self, name: str, array: np.ndarray) -> str:
         if name not in self.new_inits:
@@ -63,10 +74,13 @@ class _Rewriter:
             if _scalar_int8(zp) and int(numpy_helper.to_array(zp)) == 0:
                 node.input[2] = zp128
 
-    def shift_weights(self) -> None:
-        """Every int8 weight initializer read by a DequantizeLinear: uint8 w + 128."""
+    def shift_weights(self, keep_int8: set[str] = frozenset()) -> None:
+        """Every int8 weight initializer read by a DequantizeLinear: uint8 w + 128 (but for the
+        dequantized weights named in `keep_int8`)."""
         for node in self.model.graph.node:
             if node.op_type != "DequantizeLinear" or node.input[0] not in self.inits:
+                continue
+            if node.output[0] in keep_int8:
                 continue
             weight = self.inits[node.input[0]]
             if weight.data_type != onnx.TensorProto.INT8 or len(node.input) < 3:
@@ -98,6 +112,7 @@ class _Rewriter:
         Any op: a weight op then ends in its Q (QLinearConv...), an Add of two dequantized
         tensors in one (QLinearAdd)."""
         moved = 0
+        self.clamped: list[str] = []
         graph = self.model.graph
         order = list(graph.node)
         for clamp in order:
@@ -131,13 +146,79 @@ class _Rewriter:
             del clamp.output[:]
             clamp.output.append(clipped)
             clamp.name = f"{clamp.name or clipped}::clamp_int"
+            self.clamped.append(clipped)
             moved += 1
         # the clamp now follows its Q: restore topological order
         if moved:
             nodes = _topological(order)
             del graph.node[:]
             graph.node.extend(nodes)
+            self._index()
         return moved
+
+    def unsigned_after_clamp(self, clamped: list[str]) -> set[str]:
+        """Each `op -> Q(s, 128) -> Max(q, 128)` (or Clip from >= 128) making `clamped` whose readers
+        all dequantize becomes `op -> Q(s, 0) -> Min(q, 127)` (or the Clip's bounds - 128) in
+        uint8: the same values 0..127, with zero point 0. Returns the dequantized weights of the
+        weight ops that read only such tensors: they keep int8 (u8s8 cannot saturate there)."""
+        zp0 = self._u8("int8form::zp_u8_0", np.array(0, np.uint8))
+        top = self._u8("int8form::u8_127", np.array(INT8_MAX, np.uint8))
+        unsigned: set[str] = set()
+        for out in clamped:
+            clamp = self.producer[out]
+            raw = clamp.input[0]
+            q = self.producer.get(raw)
+            readers = self.readers.get(out, [])
+            if q is None or q.op_type != "QuantizeLinear" or len(q.input) < 3 or not readers:
+                continue
+            if any(
+                r.op_type != "DequantizeLinear" or r.input[0] != out or len(r.input) < 3
+                for r in readers
+            ):
+                continue
+            if out in {o.name for o in self.model.graph.output}:
+                continue
+            if clamp.op_type == "Max":
+                bounds = [zp0, top]
+            else:
+                low = self._value(clamp.input[1]) if len(clamp.input) > 1 and clamp.input[1] else 0
+                high = (
+                    self._value(clamp.input[2]) if len(clamp.input) > 2 and clamp.input[2] else 255
+                )
+                if low < SHIFT:
+                    continue  # the Clip lets negative values through: zero point 128 it stays
+                bounds = [
+                    self._u8(f"{out}::clip_lo_u8", np.array(low - SHIFT, np.uint8)),
+                    self._u8(f"{out}::clip_hi_u8", np.array(min(high - SHIFT, INT8_MAX), np.uint8)),
+                ]
+            q.input[2] = zp0  # saturates at 0: below zero it already clamps
+            clamp.op_type = "Clip"
+            del clamp.input[:]
+            clamp.input.extend([raw, *bounds])
+            for r in readers:
+                r.input[2] = zp0
+            unsigned.add(out)
+        keep: set[str] = set()
+        weight_ops = ("Conv", "Gemm", "MatMul")
+        for node in self.model.graph.node:
+            if node.op_type != "DequantizeLinear" or node.input[0] not in self.inits:
+                continue
+            users = self.readers.get(node.output[0], [])
+            if users and all(
+                u.op_type in weight_ops
+                and len(u.input) > 1
+                and u.input[1] == node.output[0]
+                and (self.producer.get(u.input[0]) is not None)
+                and self.producer[u.input[0]].op_type == "DequantizeLinear"
+                and self.producer[u.input[0]].input[0] in unsigned
+                for u in users
+            ):
+                keep.add(node.output[0])
+        return keep
+
+    def _value(self, name: str) -> int:
+        init = self.new_inits.get(name) or self.inits.get(name)
+        return int(numpy_helper.to_array(init))
 
     def finish(self) -> onnx.ModelProto:
         graph = self.model.graph
@@ -176,14 +257,16 @@ def _topological(nodes: list[onnx.NodeProto]) -> list[onnx.NodeProto]:
 
 
 def to_integer_form(model: onnx.ModelProto, path: str) -> onnx.ModelProto:
-    """A copy of the Q/DQ `model` rewritten for kernel path `path` ("u8s8" or "u8u8")."""
+    """A copy of the Q/DQ `model` rewritten for kernel path `path` (one of PATHS)."""
     if path not in PATHS:
         raise ValueError(f"kernel path must be one of {PATHS}, not {path!r}")
     copy = onnx.ModelProto()
     copy.CopyFrom(model)
     rewriter = _Rewriter(copy)
     rewriter.shift_activations()
+    rewriter.clamp_after_quantize()  # after the shift: the clamp compares with the new zero point
     if path == "u8u8":
         rewriter.shift_weights()
-    rewriter.clamp_after_quantize()  # after the shift: the clamp compares with the new zero point
+    elif path == "mixed":
+        rewriter.shift_weights(keep_int8=rewriter.unsigned_after_clamp(rewriter.clamped))
     return rewriter.finish()

@@ -7,6 +7,8 @@ sums. VNNI (and AMX) accumulate straight into int32; the u8u8 kernels widen to i
 multiplying and never saturate. The paths, fastest first:
 
 - `u8s8`: activations uint8 (zero point 128), weights int8 — where the CPU has VNNI;
+- `mixed`: where the CPU lacks VNNI, u8s8 for the ops whose input a Relu left non-negative
+  (uint8 values 0..127, zero point 0: no int16 pair sum can saturate) and u8u8 for the rest;
 - `u8u8`: weights shifted to uint8 too — exact on any CPU, slower than u8s8 with VNNI;
 - `float`: Q/DQ kept as float rounding steps around float kernels (the last resort).
 
@@ -59,8 +61,11 @@ def has_int32_dot(flags: frozenset[str]) -> bool:
     return any(f in flags for f in VNNI_FLAGS + ARM_DOT_FLAGS)
 
 
-def _probe_model(channels: int, k: int) -> tuple[onnx.ModelProto, float, float, float]:
-    """A DQ -> Conv -> Q group in the reference form (int8, zero point 0)."""
+def _probe_model(
+    channels: int, k: int, relu_input: bool = False
+) -> tuple[onnx.ModelProto, float, float, float]:
+    """A DQ -> Conv -> Q group in the reference form (int8, zero point 0); with `relu_input`
+    the conv reads a Relu'd tensor (the `mixed` path's u8s8 case)."""
     x_scale, w_scale = 0.02, 0.01
     w = np.full((channels, channels, k, k), 127, np.int8)
     # as many products as the conv adds, at full scale: the output must still fit int8
@@ -74,8 +79,14 @@ def _probe_model(channels: int, k: int) -> tuple[onnx.ModelProto, float, float, 
         numpy_helper.from_array(np.array(y_scale, np.float32), "ys"),
         numpy_helper.from_array(np.array(0, np.int8), "yz"),
     ]
+    relu = [
+        helper.make_node("QuantizeLinear", ["x", "xs", "xz"], ["x0q"]),
+        helper.make_node("DequantizeLinear", ["x0q", "xs", "xz"], ["x0d"]),
+        helper.make_node("Relu", ["x0d"], ["xr"]),
+    ]
     nodes = [
-        helper.make_node("QuantizeLinear", ["x", "xs", "xz"], ["xq"]),
+        *(relu if relu_input else []),
+        helper.make_node("QuantizeLinear", ["xr" if relu_input else "x", "xs", "xz"], ["xq"]),
         helper.make_node("DequantizeLinear", ["xq", "xs", "xz"], ["xd"]),
         helper.make_node("DequantizeLinear", ["w", "ws", "wz"], ["wd"], axis=0),
         helper.make_node("Conv", ["xd", "wd"], ["y"], pads=[k // 2] * 4),
@@ -123,7 +134,8 @@ def probe(path: str, runner=_ort_runner) -> str | None:
     QDQ fusion on, i.e. the kernels the sim executor will run.
     """
     channels, k = 64, 3
-    model, x_scale, w_scale, y_scale = _probe_model(channels, k)
+    relu_input = path == "mixed"
+    model, x_scale, w_scale, y_scale = _probe_model(channels, k, relu_input)
     run = runner(to_integer_form(model, path))
     w = next(numpy_helper.to_array(i) for i in model.graph.initializer if i.name == "w")
     rng = np.random.default_rng(0)
@@ -136,7 +148,7 @@ def probe(path: str, runner=_ort_runner) -> str | None:
     for label, xq in cases.items():
         x = (xq * x_scale).astype(np.float32)
         got = np.rint(run(x) / y_scale).astype(np.int64)
-        acc = _reference(xq, w, k)
+        acc = _reference(np.maximum(xq, 0) if relu_input else xq, w, k)
         want = np.clip(np.rint(acc * (x_scale * w_scale / y_scale)), -128, 127).astype(np.int64)
         worst = int(np.abs(got[0] - want).max())
         if worst > 1:
@@ -157,7 +169,7 @@ def choose(setting: str) -> KernelChoice:
     """The kernel path for `sim_kernels=setting` on this CPU (probed once per process)."""
     if setting == "float":
         return KernelChoice("float", "sim_kernels='float'")
-    if setting in ("u8s8", "u8u8"):
+    if setting in ("u8s8", "u8u8", "mixed"):
         failure = _verdict(setting)
         if failure is not None:
             raise ExecutorUnavailableError(
@@ -176,6 +188,12 @@ def choose(setting: str) -> KernelChoice:
         notes.append(failure)
     else:
         notes.append(f"{machine} without VNNI: u8s8 would add products in saturating int16")
+        failure = _verdict("mixed")
+        if failure is None:
+            return KernelChoice(
+                "mixed", "; ".join(notes + ["u8s8 only on Relu'd inputs (0..127), probe exact"])
+            )
+        notes.append(failure)
     failure = _verdict("u8u8")
     if failure is None:
         return KernelChoice("u8u8", "; ".join(notes + ["u8u8 probe exact"]))
