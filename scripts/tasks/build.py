@@ -70,6 +70,9 @@ def bench(c: Context, json: str = "", quick: bool = False) -> None:
          " --json out/quick/bench_compile.json" if quick else ""),
         ("bench_zoo.py", " --scale test --iters 3 --models resnet18,vit --no-inductor"
          " --json out/quick/bench_zoo.json" if quick else ""),
+        ("bench_sim.py", " --models resnet18,transformer_encoder --batches 1 --threads 1"
+         " --iters 3 --no-inductor --no-pt2e --json out/quick/bench_sim.json" if quick
+         else " --json out/bench_sim.json"),
         ("bench_public_zoo.py", None if quick else " --json out/bench_public_zoo.json"),
     ]  # fmt: skip
     with tempfile.TemporaryDirectory() as tmp, c.cd(str(ROOT)):

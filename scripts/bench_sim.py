@@ -1,0 +1,403 @@
+"""The sim executor beside its peers, on the same networks in the same run, and where its time goes.
+
+Per model, batch and thread count, interleaved medians (round-robin, so machine drift hits every
+variant alike) of: eager fp32, torch.compile(backend="inductor"), ONNX Runtime fp32, ONNX
+Runtime's static QDQ quantizer (u8 activations, per-channel s8 weights: its default int8),
+PT2E (X86InductorQuantizer + inductor, where torchao is installed) and `backend="bpu"` with
+`executor="sim"` (calibrated, default `sim_weights="checked"`). Targets, printed met / missed:
+sim >= ONNX Runtime int8 and sim >= ONNX Runtime fp32 (speed ratios >= 1.0).
+
+The breakdown (batch 1, 1 thread) splits one sim call: the ORT session alone on the fused
+integer graph, the executor (input / output conversion), the partition runtime (the baked-weight
+check of issue 9: identity + XXH3 fingerprint, on the checker thread where a core is free), and
+the whole compiled call (Dynamo guards, AOT wrapper); the check alone is timed separately. It also
+counts what ORT runs: fused integer nodes vs float Q/DQ nodes left, after ORT's optimizer.
+
+  python scripts/bench_sim.py [--models resnet18,mobilenetv3] [--batches 1,8] [--threads 1,all]
+                              [--iters 10] [--no-inductor] [--no-pt2e] [--json out/bench_sim.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+import warnings
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+import torch_fl.bpu as bpu  # noqa: E402
+from torch_fl.bpu import report  # noqa: E402
+
+MODELS = ("resnet18", "mobilenetv3", "vit", "transformer_encoder")
+TARGETS = {"sim_vs_ort_int8": "ort_int8", "sim_vs_ort_fp32": "ort_fp32"}
+FUSED = {"QLinearConv", "QGemm", "QLinearMatMul", "QLinearAdd", "MatMulIntegerToFloat",
+         "QLinearMul", "QLinearAveragePool", "QLinearGlobalAveragePool", "QLinearSoftmax",
+         "ConvInteger", "MatMulInteger", "DynamicQuantizeMatMul"}  # fmt: skip
+
+
+def build(name: str, batch: int) -> tuple[torch.nn.Module, torch.Tensor]:
+    """The network (eval, deterministic weights) and one input at `batch`."""
+    torch.manual_seed(0)
+    if name in ("resnet18", "mobilenetv3"):
+        from tests.zoo.public import import_torchvision
+
+        tv = import_torchvision()
+        model = tv.models.resnet18() if name == "resnet18" else tv.models.mobilenet_v3_small()
+        return model.eval(), torch.randn(batch, 3, 224, 224)
+    from tests.compile.zoo import build as zoo_build
+
+    model, x = zoo_build(name, "bench")  # ViT-S/16 at 224; a 4-layer d=256 encoder, 128 tokens
+    return model, x.repeat(batch, *([1] * (x.dim() - 1)))
+
+
+def _medians(fns: dict[str, Callable], iters: int) -> dict[str, float]:
+    for fn in fns.values():
+        fn()
+        fn()
+    times: dict[str, list[float]] = {k: [] for k in fns}
+    for _ in range(iters):
+        for key, fn in fns.items():
+            start = time.perf_counter()
+            fn()
+            times[key].append((time.perf_counter() - start) * 1e3)
+    return {k: statistics.median(v) for k, v in times.items()}
+
+
+def _ort_session(path_or_bytes, threads: int, optimized: str | None = None):
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    if optimized:
+        options.optimized_model_filepath = optimized
+    return ort.InferenceSession(path_or_bytes, options, ["CPUExecutionProvider"])
+
+
+def _ort_models(model, x, calib, tmp: Path) -> tuple[Path, Path]:
+    """ONNX fp32 of `model`, and ONNX Runtime's static QDQ int8 of it calibrated on `calib`."""
+    from onnxruntime.quantization import (
+        CalibrationDataReader,
+        QuantFormat,
+        QuantType,
+        quantize_static,
+    )
+
+    class Reader(CalibrationDataReader):
+        def __init__(self) -> None:
+            self.feeds = iter([{"x": c.numpy()} for c in calib])
+
+        def get_next(self):
+            return next(self.feeds, None)
+
+    fp32, int8 = tmp / "fp32.onnx", tmp / "int8.onnx"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(model, (x,), str(fp32), dynamo=False, opset_version=17,
+                          input_names=["x"])  # fmt: skip
+        quantize_static(str(fp32), str(int8), Reader(), quant_format=QuantFormat.QDQ,
+                        per_channel=True, activation_type=QuantType.QUInt8,
+                        weight_type=QuantType.QInt8)  # fmt: skip
+    return fp32, int8
+
+
+def _pt2e(model, x, calib):
+    """PT2E int8 (X86InductorQuantizer) compiled with inductor, or None without torchao."""
+    try:
+        import torchao.quantization.pt2e.quantizer.x86_inductor_quantizer as xiq
+        from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
+    except Exception:  # noqa: BLE001  (not installed, or built for another torch)
+        return None
+    exported = torch.export.export(model, (x,)).module()
+    quantizer = xiq.X86InductorQuantizer()
+    quantizer.set_global(xiq.get_default_x86_inductor_quantization_config())
+    prepared = prepare_pt2e(exported, quantizer)
+    for c in calib:
+        prepared(c)
+    return torch.compile(convert_pt2e(prepared), backend="inductor")
+
+
+def _sim(model, x, calib, threads: int):
+    """backend="bpu", executor="sim", calibrated; and its (first) partition runtime."""
+    torch._dynamo.reset()
+    options = {"executor": "sim", "sim_threads": threads, "cache": False}
+    compiled = torch.compile(model, backend="bpu", options=options)
+    with report.collect() as reps, warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        bpu.calibrate(compiled, calib)
+        with torch.no_grad():
+            compiled(x)
+    runtimes = [r for g in reps for r in g.runtimes if r.kind == "sim"]
+    return compiled, runtimes
+
+
+def _fused_counts(runtime, threads: int, tmp: Path) -> dict:
+    """What ORT runs for this partition after its optimizer: fused integer vs float Q/DQ."""
+    import onnx
+
+    from torch_fl.bpu.conversion.integer_form import to_integer_form
+
+    path = runtime._exec.kernels.path
+    if path == "float":
+        return {"kernel_path": path}
+    graph = to_integer_form(onnx.load_from_string(runtime.last_build.onnx_bytes), path)
+    optimized = tmp / "sim_optimized.onnx"
+    _ort_session(graph.SerializeToString(), threads, str(optimized))
+    ops = Counter(n.op_type for n in onnx.load(str(optimized)).graph.node)
+    return {
+        "kernel_path": path,
+        "fused_integer_nodes": sum(v for k, v in ops.items() if k in FUSED),
+        "float_qdq_nodes": ops["QuantizeLinear"] + ops["DequantizeLinear"],
+        "other_nodes": sum(v for k, v in ops.items() if k not in FUSED)
+        - ops["QuantizeLinear"]
+        - ops["DequantizeLinear"],
+        "top_ops": dict(ops.most_common(8)),
+    }
+
+
+def breakdown(compiled, runtime, x, iters: int, tmp: Path) -> dict:
+    """Where one sim call's time goes (ms, medians), at the thread count it was compiled for."""
+    captured: dict = {}
+    forward = type(runtime).forward
+
+    def capture(self, *args):
+        captured.setdefault(id(self), args)
+        return forward(self, *args)
+
+    type(runtime).forward = capture
+    try:
+        with torch.no_grad():
+            compiled(x)
+    finally:
+        type(runtime).forward = forward
+    args = captured[id(runtime)]
+    executor = runtime._exec
+    feed = {name: args[pos].detach().numpy() for name, pos in executor._inputs}
+    session, names = executor.session, executor.output_names
+    frozen = runtime._frozen
+    fns = {
+        "ort_session": lambda: session.run(names, feed),
+        "executor": lambda: executor(args),
+        "partition": lambda: runtime(*args),
+        "compiled_call": lambda: compiled(x),
+    }
+    if frozen is not None:
+        fns["weight_check_alone"] = lambda: frozen.stale(args)
+    with torch.no_grad():
+        lat = _medians(fns, iters)
+    weights = sum(args[p].numel() * args[p].element_size() for p in runtime.spec.frozen_positions)
+    return {
+        **{k: round(v, 3) for k, v in lat.items()},
+        "conversion_ms": round(lat["executor"] - lat["ort_session"], 3),
+        "check_added_ms": round(lat["partition"] - lat["executor"], 3),
+        "harness_ms": round(lat["compiled_call"] - lat["partition"], 3),
+        "weights_mb": round(weights / 2**20, 1),
+        "check_overlapped": bool(frozen is not None and frozen.overlap),
+        **_fused_counts(runtime, 1, tmp),
+    }
+
+
+def measure(name: str, batch: int, threads: list[int], iters: int, peers: dict) -> list[dict]:
+    model, x = build(name, batch)
+    generator = torch.Generator().manual_seed(1)
+    calib = [torch.randn(x.shape, generator=generator) for _ in range(4)]
+    rows = []
+    with tempfile.TemporaryDirectory() as tmpdir:
+        tmp = Path(tmpdir)
+        fp32_path, int8_path = _ort_models(model, x, calib, tmp)
+        inductor = pt2e = None
+        if peers["inductor"]:
+            torch._dynamo.reset()
+            inductor = torch.compile(model, backend="inductor")
+            with torch.no_grad():
+                inductor(x)
+        if peers["pt2e"]:
+            torch._dynamo.reset()
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                pt2e = _pt2e(model, x, calib)
+                if pt2e is not None:
+                    with torch.no_grad():
+                        pt2e(x)
+        with torch.no_grad():
+            ref = model(x)
+        feed = {"x": x.numpy()}
+        for n in threads:
+            torch.set_num_threads(n)
+            ort_fp32 = _ort_session(str(fp32_path), n)
+            ort_int8 = _ort_session(str(int8_path), n)
+            sim, runtimes = _sim(model, x, calib, n)
+            fns = {
+                "eager": lambda: model(x),
+                "ort_fp32": lambda s=ort_fp32: s.run(None, feed),
+                "ort_int8": lambda s=ort_int8: s.run(None, feed),
+                "sim": lambda s=sim: s(x),
+            }
+            if inductor is not None:
+                fns["inductor"] = lambda: inductor(x)
+            if pt2e is not None:
+                fns["pt2e_int8"] = lambda: pt2e(x)
+            with torch.no_grad():
+                lat = _medians(fns, iters)
+                got = sim(x)
+            cos = torch.nn.functional.cosine_similarity(
+                got.flatten().double(), ref.flatten().double(), dim=0
+            ).item()
+            row = {
+                "model": name,
+                "batch": batch,
+                "threads": n,
+                "latency_ms": {k: round(v, 3) for k, v in lat.items()},
+                "sim_cosine": round(cos, 5),
+                "speedup_vs_eager": {k: round(lat["eager"] / v, 2) for k, v in lat.items()},
+                "ratios": {k: round(lat[peer] / lat["sim"], 3) for k, peer in TARGETS.items()},
+                "partitions": len(runtimes),
+            }
+            row["targets"] = {k: v >= 1.0 for k, v in row["ratios"].items()}
+            if batch == 1 and n == 1 and runtimes:
+                row["breakdown"] = breakdown(sim, runtimes[0], x, iters, tmp)
+            rows.append(row)
+            print(_row_line(row), flush=True)
+    return rows
+
+
+COLUMNS = ("eager", "inductor", "ort_fp32", "ort_int8", "pt2e_int8", "sim")
+
+
+def _header() -> str:
+    cols = " ".join(f"{c:>9}" for c in COLUMNS)
+    return f"{'model':<20} {'batch':>5} {'thr':>3} {cols}  {'sim/int8':>8} {'sim/fp32':>8}  targets"
+
+
+def _row_line(row: dict) -> str:
+    lat = row["latency_ms"]
+    cols = " ".join(f"{lat[c]:9.2f}" if c in lat else f"{'-':>9}" for c in COLUMNS)
+    missed = [k for k, ok in row["targets"].items() if not ok]
+    ratios = row["ratios"]
+    return (
+        f"{row['model']:<20} {row['batch']:>5} {row['threads']:>3} {cols}  "
+        f"{ratios['sim_vs_ort_int8']:8.2f} {ratios['sim_vs_ort_fp32']:8.2f}  "
+        + ("met" if not missed else "missed: " + ", ".join(missed))
+    )
+
+
+def _breakdown_table(rows: list[dict]) -> str:
+    keys = ("ort_session", "conversion_ms", "check_added_ms", "weight_check_alone",
+            "harness_ms", "compiled_call")  # fmt: skip
+    lines = [
+        "breakdown of one sim call, batch 1, 1 thread (ms; medians):",
+        f"{'model':<20} " + " ".join(f"{k:>18}" for k in keys) + "  kernels  fused / float Q,DQ",
+    ]
+    for row in rows:
+        b = row.get("breakdown")
+        if not b:
+            continue
+        vals = " ".join(f"{b[k]:18.3f}" if k in b else f"{'-':>18}" for k in keys)
+        fused = f"{b.get('fused_integer_nodes', '-')} / {b.get('float_qdq_nodes', '-')}"
+        lines.append(f"{row['model']:<20} {vals}  {b['kernel_path']:<7}  {fused}")
+    return "\n".join(lines)
+
+
+def _plot(rows: list[dict], path: Path) -> bool:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    labels = [f"{r['model']}\nb{r['batch']} t{r['threads']}" for r in rows]
+    fig, ax = plt.subplots(figsize=(max(8, 1.3 * len(rows)), 4.8))
+    shown = [c for c in COLUMNS if any(c in r["latency_ms"] for r in rows)]
+    width = 0.8 / len(shown)
+    for i, col in enumerate(shown):
+        values = [r["speedup_vs_eager"].get(col, 0.0) for r in rows]
+        ax.bar([j + (i - len(shown) / 2 + 0.5) * width for j in range(len(rows))], values, width,
+               label=col)  # fmt: skip
+    ax.set_xticks(range(len(rows)), labels, fontsize=8)
+    ax.set_ylabel("speed vs eager fp32 (x, median latency)")
+    ax.axhline(1.0, color="grey", lw=0.8)
+    ax.legend(fontsize=8, ncol=3)
+    ax.set_title("backend='bpu' sim beside its peers (same run, interleaved)")
+    fig.tight_layout()
+    tmp = path.with_suffix(".tmp.png")
+    fig.savefig(tmp, dpi=110)
+    os.replace(tmp, path)
+    plt.close(fig)
+    return True
+
+
+def _ints(text: str, flag: str) -> list[int]:
+    out = []
+    for part in text.split(","):
+        part = part.strip()
+        if part == "all":
+            out.append(os.cpu_count() or 1)
+        elif part.isdigit() and int(part) > 0:
+            out.append(int(part))
+        else:
+            raise SystemExit(f"bench_sim: {flag} takes positive integers (or 'all'), not {part!r}")
+    return sorted(set(out))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", default=",".join(MODELS), help=f"of {', '.join(MODELS)}")
+    parser.add_argument("--batches", default="1,8")
+    parser.add_argument("--threads", default="1,all", help="thread counts ('all': every CPU)")
+    parser.add_argument("--iters", type=int, default=10)
+    parser.add_argument("--no-inductor", action="store_true")
+    parser.add_argument("--no-pt2e", action="store_true")
+    parser.add_argument("--json", default="out/bench_sim.json")
+    args = parser.parse_args(argv)
+    models = [m.strip() for m in args.models.split(",") if m.strip()]
+    unknown = sorted(set(models) - set(MODELS))
+    if unknown or not models:
+        parser.error(
+            f"unknown model(s) {', '.join(unknown) or '(none)'}; known: {', '.join(MODELS)}"
+        )
+    if args.iters < 1:
+        parser.error("--iters must be at least 1")
+    batches, threads = _ints(args.batches, "--batches"), _ints(args.threads, "--threads")
+    peers = {"inductor": not args.no_inductor, "pt2e": not args.no_pt2e}
+    from torch_fl.bpu.runtime.sim_kernels import choose
+
+    kernels = choose("auto")
+    print(f"sim kernels here: {kernels.path} ({kernels.reason})")
+    print(_header(), flush=True)
+    rows: list[dict] = []
+    for name in models:
+        for batch in batches:
+            rows.extend(measure(name, batch, threads, args.iters, peers))
+    print(_breakdown_table(rows))
+    met = sum(all(r["targets"].values()) for r in rows)
+    print(f"targets (sim >= ONNX Runtime int8 and fp32): {met}/{len(rows)} rows met")
+    if args.json:
+        out = Path(args.json)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        doc = {"cpu_kernels": vars(kernels), "cpus": os.cpu_count(), "rows": rows}
+        tmp = out.with_suffix(".tmp")
+        tmp.write_text(json.dumps(doc, indent=1), encoding="utf-8")
+        os.replace(tmp, out)
+        if _plot(rows, out.with_suffix(".png")):
+            print(f"wrote {out} and {out.with_suffix('.png')}")
+    return 0
+
+
+if __name__ == "__main__":
+    np.seterr(all="ignore")
+    raise SystemExit(main())
