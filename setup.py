@@ -44,26 +44,36 @@ def build_extension():
     # thing being rebuilt, or broken).
     os.environ["TORCH_DEVICE_BACKEND_AUTOLOAD"] = "0"
     import torch
-    from torch.utils.cpp_extension import BuildExtension, CppExtension
+    from torch.utils.cpp_extension import BuildExtension, CppExtension, include_paths
 
     debug = os.environ.get("FLAGOS_BUILD_DEBUG", "0") == "1"
     torch_version = torch.__version__.split("+")[0]
-    cflags = ["-std=c++17", "-fvisibility=hidden", f'-DTORCH_FL_TORCH_VERSION="{torch_version}"']
+    # the C++ standard torch's headers demand, pybind11 where this torch keeps it (or not)
+    build_flags = _torch_fl_file("build_flags")
+    try:
+        flags = build_flags["flags_for"](include_paths())
+    except build_flags["BuildSetupError"] as exc:
+        sys.exit(f"error: cannot build torch_fl against torch {torch.__version__}: {exc}")
+    for note in flags.notes:
+        print(f"torch_fl build: {note}", file=sys.stderr)
+    cflags = [f"-std={flags.cxx_standard}", "-fvisibility=hidden",
+              f'-DTORCH_FL_TORCH_VERSION="{torch_version}"']  # fmt: skip
     # Python's own CFLAGS carry -g (13.5 MB .so instead of ~0.5 MB); -g0 last wins.
     cflags += ["-O0", "-g"] if debug else ["-O2", "-g0"]
     sources = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "csrc").rglob("*.cpp"))
     ext = CppExtension(
         name="torch_fl._C",
         sources=sources,
-        include_dirs=[str(ROOT / "csrc")],
+        include_dirs=[str(ROOT / "csrc"), *flags.include_dirs],
         extra_compile_args=cflags,
         extra_link_args=[] if debug else ["-Wl,--strip-debug"],
         libraries=["dl"],
     )
-    return ext, BuildExtension.with_options(no_python_abi_suffix=False), torch_version, debug
+    build = BuildExtension.with_options(no_python_abi_suffix=False)
+    return ext, build, torch_version, debug, flags.cxx_standard
 
 
-def write_build_config(accelerator: str, torch_version: str, debug: bool) -> None:
+def write_build_config(accelerator: str, torch_version: str, debug: bool, standard: str) -> None:
     """Record what was built in the package itself (read by torch_fl.build_info())."""
     import sysconfig
 
@@ -72,6 +82,7 @@ def write_build_config(accelerator: str, torch_version: str, debug: bool) -> Non
         "torch_built_against": torch_version,
         "debug": debug,
         "compiler": sysconfig.get_config_var("CC") or "c++",
+        "cxx_standard": standard,
     }
     _torch_fl_file("atomic")["write_text"](
         ROOT / "torch_fl" / "_build_config.json", json.dumps(config, indent=2) + "\n"
@@ -79,6 +90,6 @@ def write_build_config(accelerator: str, torch_version: str, debug: bool) -> Non
 
 
 accelerator = selected_accelerator()
-ext, build_ext, torch_version, debug = build_extension()
-write_build_config(accelerator, torch_version, debug)
+ext, build_ext, torch_version, debug, standard = build_extension()
+write_build_config(accelerator, torch_version, debug, standard)
 setup(ext_modules=[ext], cmdclass={"build_ext": build_ext})

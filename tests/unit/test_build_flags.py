@@ -1,0 +1,81 @@
+"""The extension's build follows the torch it builds against (torch_fl/build_flags.py).
+
+The C++ standard comes from torch's own header guards, pybind11 from wherever this kind of torch
+keeps it, and a missing header or tool is named with its fix before anything compiles. The
+installed extension must have been built with the standard the installed torch demands.
+"""
+
+from __future__ import annotations
+
+import json
+import runpy
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+flags_mod = runpy.run_path(str(REPO / "torch_fl" / "build_flags.py"))
+BuildSetupError = flags_mod["BuildSetupError"]
+
+
+def _fake_torch(root: Path, guard: str | None, pybind: bool) -> Path:
+    """An include tree shaped like torch's: ATen/ATen.h with `guard`, optionally pybind11."""
+    (root / "ATen").mkdir(parents=True)
+    text = "#pragma once\n"
+    if guard:
+        text += f"#if !defined(_MSC_VER) && __cplusplus < {guard}\n#error too old\n#endif\n"
+    (root / "ATen" / "ATen.h").write_text(text)
+    if pybind:
+        (root / "pybind11").mkdir()
+        (root / "pybind11" / "pybind11.h").write_text("#pragma once\n")
+    return root
+
+
+@pytest.mark.parametrize(
+    ("guard", "standard"),
+    [("201703L", "c++17"), ("202002L", "c++20"), ("202302L", "c++23"), (None, "c++17")],
+)
+def test_standard_is_read_from_the_headers_guards(tmp_path: Path, guard, standard) -> None:
+    root = _fake_torch(tmp_path / "inc", guard, pybind=True)
+    assert flags_mod["required_standard"]([str(root)]) == standard
+
+
+def test_installed_torch_and_the_built_extension_agree() -> None:
+    """Fails when the extension was built with other flags than the installed torch needs."""
+    from torch.utils.cpp_extension import include_paths
+
+    import torch_fl
+
+    needed = flags_mod["required_standard"](include_paths())
+    built = json.loads((Path(torch_fl.__file__).parent / "_build_config.json").read_text())
+    assert built.get("cxx_standard") == needed, (built, needed)
+    flags = flags_mod["flags_for"](include_paths(), check_compiler=False)
+    assert flags.cxx_standard == needed
+    setup = (REPO / "setup.py").read_text()
+    assert '"-std=c++17"' not in setup  # the standard is never hard-coded again
+
+
+def test_missing_pybind11_names_the_fix(tmp_path: Path, monkeypatch) -> None:
+    root = _fake_torch(tmp_path / "inc", "202002L", pybind=False)
+    monkeypatch.setitem(sys.modules, "pybind11", None)  # no pip package either
+    find = flags_mod["_pybind11_dirs"]
+    if Path("/usr/include/pybind11/pybind11.h").exists():
+        pytest.skip("this machine has system pybind11 headers")
+    with pytest.raises(BuildSetupError, match="pybind11-dev.*pip install pybind11"):
+        find([str(root)])
+    bundled = _fake_torch(tmp_path / "inc2", "202002L", pybind=True)
+    assert find([str(bundled)]) == ((), "pybind11: bundled with torch")
+
+
+def test_missing_compiler_names_the_fix(tmp_path: Path, monkeypatch) -> None:
+    root = _fake_torch(tmp_path / "inc", "201703L", pybind=True)
+    monkeypatch.setenv("CXX", "no-such-compiler-x")
+    with pytest.raises(BuildSetupError, match="no-such-compiler-x.*apt-get install g\\+\\+"):
+        flags_mod["flags_for"]([str(root)])
+
+
+def test_compiler_that_lacks_the_standard_is_refused(tmp_path: Path) -> None:
+    assert flags_mod["compiler_accepts"]("c++", "c++17") is None
+    failure = flags_mod["compiler_accepts"]("c++", "c++99")  # not a C++ standard at all
+    assert failure and "c++99" in failure
