@@ -1,6 +1,7 @@
 """torch.compile backend "bpu" for RDK S-series BPUs. See docs/compile.md and README.md here."""
 
 from torch_fl.bpu.backend import bpu_backend
+from torch_fl.bpu.bundle import export, load
 from torch_fl.bpu.calibrate import calibrate
 from torch_fl.bpu.conversion.calibration import Calibration
 from torch_fl.bpu.drivers import discover
@@ -20,5 +21,7 @@ __all__ = [
     "calibrate",
     "discover",
     "explain",
+    "export",
+    "load",
     "resolve",
 ]
