@@ -7,11 +7,13 @@ failure, a new batch size) or a new process using the same cache finds them agai
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import inspect
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import torch
 
+from torch_fl._progress import Heartbeat
 from torch_fl.bpu.conversion import calibration_store as stored
 from torch_fl.bpu.conversion.calibration import Calibration, RangeObserver, health
 from torch_fl.bpu.errors import CalibrationError, CalibrationRunError
@@ -43,6 +45,70 @@ class _Session:
         self.counts[id(part)] = self.counts.get(id(part), 0) + 1
 
 
+def _positional_count(compiled_model: Any) -> int | None:
+    """How many positional inputs the model's forward takes (None: any number)."""
+    module = getattr(compiled_model, "_orig_mod", compiled_model)
+    try:
+        params = inspect.signature(getattr(module, "forward", module)).parameters.values()
+    except (TypeError, ValueError):
+        return None
+    if any(p.kind is p.VAR_POSITIONAL for p in params):
+        return None
+    return sum(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) for p in params)
+
+
+def _call(compiled_model: Any, sample: Any, positional: int | None) -> None:
+    """One sample: a tensor, a tuple/list of inputs (a DataLoader's (inputs, labels) batch: the
+    labels beyond forward()'s own arguments are dropped), or a dict of keyword inputs."""
+    if isinstance(sample, dict):
+        compiled_model(**sample)
+        return
+    args = tuple(sample) if isinstance(sample, (tuple, list)) else (sample,)
+    if positional is not None and len(args) > positional:
+        args = args[:positional]
+    compiled_model(*args)
+
+
+def samples_digest(samples: Any) -> str | None:
+    """A digest of re-iterable tensor samples (list/tuple), or None (a generator, a DataLoader:
+    reading it here would consume it)."""
+    if not isinstance(samples, (list, tuple)) or not samples:
+        return None
+    from torch_fl.bpu.conversion.freezing import fingerprint
+
+    parts: list[str] = []
+    for sample in samples:
+        items = sample if isinstance(sample, (tuple, list)) else (sample,)
+        for item in items:
+            if not isinstance(item, torch.Tensor):
+                return None
+            parts.append(f"{tuple(item.shape)}:{item.dtype}:{fingerprint(item):x}")
+    return stored._key("samples", *parts)
+
+
+def _replay(session: _Session, digest: str, method: str, percentile: float) -> bool:
+    """With the same samples and settings calibrated before: every partition's stored record
+    applied, and True (nothing to observe again)."""
+    hits = {}
+    for ident, (part, _) in session.observers.items():
+        settings = part.settings
+        cache_dir = settings.cache_dir if settings.cache else None
+        found = stored.STORE.get(
+            _run_key(session.keys[ident], digest, method, percentile), cache_dir
+        )
+        if found is None:
+            return False
+        hits[ident] = found[0]
+    for ident, record in hits.items():
+        part = session.observers[ident][0]
+        part.set_scales(record.scales, f"{record.source}; the same samples again, from the store")
+    return bool(hits)
+
+
+def _run_key(k: stored.Keys, digest: str, method: str, percentile: float) -> str:
+    return stored._key("run", k.exact, digest, method, percentile)
+
+
 def calibrate(
     compiled_model: Any,
     samples: Iterable[Any],
@@ -51,21 +117,37 @@ def calibrate(
 ) -> Calibration:
     """Run `samples` through a model compiled with backend="bpu" and calibrate every partition.
 
-    Each sample is a tensor or a tuple of positional inputs. The scales go straight into the
-    compiled model's partitions (they rebuild on the next call) and are returned as a
-    `Calibration` that can be saved and passed as options={'calibration': ...} elsewhere.
+    Each sample is a tensor, a tuple/list of positional inputs (a DataLoader's batches: labels
+    past forward()'s arguments are dropped) or a dict of keyword inputs; `samples` may be any
+    iterable (a list, a generator, a DataLoader). `method`: max, percentile, kl, mse or auto
+    (conversion/thresholds.py). The scales go straight into the compiled model's partitions
+    (they rebuild on the next call) and are returned as a `Calibration` that can be saved and
+    passed as options={'calibration': ...} elsewhere. A list of the same samples calibrated again
+    with the same settings is found in the store after its first sample: no second pass.
     """
     # the same checks (and one-line errors) as options={'calib_method': ..., ...}
     method = parse_option("calib_method", method, "calibrate(method=...)")
     percentile = parse_option("calib_percentile", percentile, "calibrate(percentile=...)")
     session = _Session(method, percentile)
+    digest = samples_digest(samples)
+    positional = _positional_count(compiled_model)
+    total = len(samples) if isinstance(samples, Sequence) else None
     token = runtime.CALIBRATION.set(session)
     count = 0
+    replayed = False
     try:
-        with torch.no_grad():
+        with torch.no_grad(), Heartbeat("calibrate", total=total) as beat:
             for sample in samples:
-                compiled_model(*(sample if isinstance(sample, (tuple, list)) else (sample,)))
+                _call(compiled_model, sample, positional)
                 count += 1
+                beat.update(done=count)
+                if (
+                    count == 1
+                    and digest is not None
+                    and _replay(session, digest, method, percentile)
+                ):
+                    replayed = True
+                    break
     finally:
         runtime.CALIBRATION.reset(token)
     if count == 0:
@@ -79,6 +161,12 @@ def calibrate(
         )
     result = Calibration(method=method)
     for ident, (part, observer) in session.observers.items():
+        if replayed:
+            scales = dict(part.scales or {})
+            result.scales[part.spec.fingerprint] = scales
+            result.names[part.spec.fingerprint] = list(observer.names)
+            result.families[part.spec.family] = part.spec.fingerprint
+            continue
         scales = observer.scales()
         if part.settings.quantize:
             label = f"partition {part.spec.index}"
@@ -90,6 +178,9 @@ def calibrate(
         record = stored.Record(scales, tuple(observer.names), source, seen, method)
         cache_dir = settings.cache_dir if settings.cache else None
         stored.STORE.put(session.keys[ident], record, cache_dir)
+        if digest is not None:
+            run_key = _run_key(session.keys[ident], digest, method, percentile)
+            stored.STORE.put_key(run_key, record, cache_dir)
         result.scales[part.spec.fingerprint] = scales
         result.names[part.spec.fingerprint] = list(observer.names)
         result.families[part.spec.family] = part.spec.fingerprint

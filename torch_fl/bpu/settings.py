@@ -24,7 +24,7 @@ from torch_fl.targets import MARCHES
 EXECUTORS = ("auto", "hbm", "sim", "eager")
 DRIVERS = ("auto", "native", "emulated", "none")
 CALIBRATE_MODES = ("auto", "first-call", "require", "none")
-CALIB_METHODS = ("max", "percentile")
+CALIB_METHODS = ("max", "percentile", "kl", "mse", "auto")
 ON_STALE = ("recompile", "eager")
 SIM_WEIGHTS = ("live", "checked")
 SIM_KERNELS = ("auto", "u8s8", "mixed", "u8u8", "float")
@@ -227,7 +227,9 @@ class BpuSettings:
         "max",
         _choice(CALIB_METHODS),
         "|".join(CALIB_METHODS),
-        "How calibration on a first call (`auto`, `first-call`) turns ranges into scales.",
+        "How calibration turns observed activations into scales (conversion/thresholds.py): "
+        "`max`, `percentile`, `kl` (entropy), `mse` (least squared error), `auto` (per tensor, "
+        "the one of those with the least error).",
     )
     calib_percentile: float = _option(
         99.99,

@@ -19,11 +19,13 @@ import onnx
 
 from torch_fl import atomic
 from torch_fl.bpu.conversion.qdq import QMAX, activation_inputs
+from torch_fl.bpu.conversion.thresholds import Reservoir, threshold
 from torch_fl.bpu.errors import CalibrationError
 
 FORMAT_VERSION = 1
 HEALTH_SAMPLES = 8  # calibration samples kept per partition to measure int8 against float
 HEALTH_COSINE = 0.99  # below this output cosine vs float, calibration warns
+RESERVOIR = 1 << 18  # |x| values kept per tensor for the percentile / kl / mse / auto methods
 
 
 class Calibration:
@@ -133,8 +135,13 @@ class RangeObserver:
             probe.SerializeToString(), options, providers=["CPUExecutionProvider"]
         )
         self.input_names = [i.name for i in self.session.get_inputs()]
-        self.maxima: dict[str, float] = {}
-        self.samples: dict[str, list[np.ndarray]] = {n: [] for n in self.names}
+        # max: the exact maximum alone; the other methods a bounded sample of |x| per tensor
+        self.values: dict[str, Reservoir] = {
+            n: Reservoir(capacity=1 if method == "max" else RESERVOIR) for n in self.names
+        }
+        self.observed = False
+        self.chosen: dict[str, str] = {}
+        """Per tensor, the method that set its scale (`auto` picks per tensor)."""
         self.model = model
         # the partition inputs of the first samples, kept to measure the int8 graph against the
         # float one once the scales are known (`health`)
@@ -146,20 +153,16 @@ class RangeObserver:
         feed = dict(zip(self.input_names, inputs, strict=False))
         values = self.session.run(self.names, feed) if self.names else []
         for name, value in zip(self.names, values, strict=False):
-            absval = np.abs(np.asarray(value, dtype=np.float32))
-            self.maxima[name] = max(self.maxima.get(name, 0.0), float(absval.max(initial=0.0)))
-            if self.method == "percentile":
-                self.samples[name].append(absval.ravel())
+            self.values[name].add(value)
+        self.observed = True
 
     def scales(self) -> dict[str, float]:
         out = {}
+        if not self.observed:
+            return out
         for name in self.names:
-            if name not in self.maxima:
-                continue
-            if self.method == "percentile" and self.samples[name]:
-                bound = float(np.percentile(np.concatenate(self.samples[name]), self.percentile))
-            else:
-                bound = self.maxima[name]
+            bound, chosen = threshold(self.values[name], self.method, self.percentile)
+            self.chosen[name] = chosen
             # An all-zero tensor still needs a valid (positive) scale.
             out[name] = bound / QMAX if bound > 0 else 1.0 / QMAX
         return out

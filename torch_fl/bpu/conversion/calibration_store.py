@@ -168,20 +168,27 @@ class CalibrationStore:
             return True
 
     def put(self, k: Keys, record: Record, cache_dir: str | None) -> None:
+        self._put((k.exact, k.family), record, cache_dir)
+
+    def put_key(self, key: str, record: Record, cache_dir: str | None) -> None:
+        """`record` under one more key (calibrate()'s key of the very samples it saw)."""
+        self._put((key,), record, cache_dir)
+
+    def _put(self, names: tuple[str, ...], record: Record, cache_dir: str | None) -> None:
         with self._lock:
-            self._memory[k.exact] = record
-            self._memory[k.family] = record
+            for key in names:
+                self._memory[key] = record
         if cache_dir is None:
             return
         try:
-            for key in (k.exact, k.family):
+            for key in names:
                 atomic.write_text(_path(cache_dir, key), record.to_json())
         except OSError as exc:
             warnings.warn(
                 f"torch_fl.bpu: could not save calibration under {cache_dir}/calibration "
                 f"({exc.strerror or exc}); it lasts for this process only",
                 RuntimeWarning,
-                stacklevel=3,
+                stacklevel=4,
             )
 
     def get(self, key: str, cache_dir: str | None) -> tuple[Record, str] | None:
