@@ -3,7 +3,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+import fcntl
+import os
+import re
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,6 +24,31 @@ class Run:
     outcomes: list[plan.Outcome]
     exit_code: int
     report: dict[str, Any]
+
+
+class Busy(Exception):
+    """Another provisioning run holds this target (bad timing, not a failed step)."""
+
+
+@contextlib.contextmanager
+def exclusive(target_name: str) -> Iterator[None]:
+    """One provisioning run per target at a time: two at once (two shells, two checkouts, one
+    host alone and in a list) would run apt, builds and installs into the same places side by
+    side. An flock in the controller's cache, so it ends with its process however that ends;
+    dry runs, which change nothing, take none."""
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    locks = Path(base) / "torch-fl" / "provision" / "locks"
+    locks.mkdir(parents=True, exist_ok=True)
+    path = locks / f"{re.sub(r'[^A-Za-z0-9_.-]+', '_', target_name)}.lock"
+    with open(path, "a+") as fh:
+        try:
+            fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise Busy(
+                f"another provisioning run of {target_name} is in progress (it holds {path}); "
+                "wait for it to finish, then run this one again"
+            ) from None
+        yield
 
 
 def describe(facts: dict[str, Any], dry: bool) -> str:
@@ -46,7 +75,11 @@ def run_steps(
     """Run the selected steps (planned only when options.dry); write the validated report."""
     ctx = Context(target, facts, cfg, options, log_dir, work_dir, echo=echo)
     steps = [s for s in all_steps() if s.name in selected]
-    outcomes = plan.dry_run(ctx, steps) if options.dry else plan.apply_run(ctx, steps)
+    if options.dry:
+        outcomes = plan.dry_run(ctx, steps)
+    else:
+        with exclusive(target.name):
+            outcomes = plan.apply_run(ctx, steps)
     code = plan.exit_code(outcomes, options.dry)
     doc = report_mod.build(
         target=target.name,

@@ -229,6 +229,14 @@ def parse_host(text: str) -> HostSpec:
     if not 0 < port < 65536:
         raise ValueError(f"--host {text!r}: port {port} is outside 1..65535")
     host = match["host"]
+    labels = host.rstrip(".").split(".")
+    if not host.startswith("[") and (len(host) > 253 or max(len(x) for x in labels) > 63):
+        # DNS's limits; past them the resolver fails with a UnicodeError deep inside paramiko
+        raise ValueError(
+            f"--host {text[:60]!r}{'...' if len(text) > 60 else ''}: the address is {len(host)} "
+            "characters; a host name has at "
+            "most 253, each dot-separated part at most 63"
+        )
     if host.startswith("["):
         host = host[1:-1]
         try:
@@ -353,7 +361,7 @@ class SshTarget:
                     "--insecure-host-key for a throwaway test host"
                 )
             raise TargetError(f"cannot connect to {self.name}: {exc}{hint}") from exc
-        except OSError as exc:
+        except (OSError, UnicodeError) as exc:  # UnicodeError: a name the resolver cannot encode
             raise TargetError(f"cannot connect to {self.name}: {exc}") from exc
 
     def _echo(self, cmd: str) -> None:

@@ -152,6 +152,9 @@ def _request(c, host, dry, only, skip, artifacts, oe_wheels, config, json, repor
         # An empty value ("$UNSET") is a mistake, never "use the default".
         if value is not None and not str(value).strip():
             raise _bad_input(f"{flag} {value!r} is empty; give a path (or leave the flag out)")
+        problem = outpaths.lookup_problem(Path(value).expanduser()) if value else None
+        if problem and value != "-":
+            raise _bad_input(f"{flag} {outpaths.shown(value)}: {problem}")
     if json and report and json != report:
         raise _bad_input("--json and --report are the same option; give one of them")
     json_flag = json or report
@@ -240,6 +243,8 @@ def _run_one(req: _Request, insecure_host_key: bool, started: float) -> pipeline
             print("provision: interrupted during the checks; nothing was applied",
                   file=sys.stderr)  # fmt: skip
             raise Exit(code=plan.INTERRUPTED_CODE) from None
+        except pipeline.Busy as exc:
+            raise _bad_input(f"{exc}; nothing was changed") from None
     finally:
         target.close()
     _finish(run, out_path)

@@ -27,7 +27,8 @@ def list_wheels(directory: Path) -> dict[str, str]:
     """{file name: sha256} of every wheel in --oe-wheels."""
     if not directory.is_dir():
         raise ValueError(f"--oe-wheels {directory} is not a directory of .whl files")
-    found = {p.name: sha256_of(p) for p in sorted(directory.glob("*.whl"))}
+    # Regular files only: a FIFO named x.whl would hang the hashing read.
+    found = {p.name: sha256_of(p) for p in sorted(directory.glob("*.whl")) if p.is_file()}
     if not found:
         raise ValueError(f"--oe-wheels {directory} holds no .whl files; point it at the OE wheels")
     return found

@@ -13,6 +13,7 @@ import fcntl
 import hashlib
 import json
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import Callable
@@ -88,18 +89,38 @@ def metadata(product: Path) -> dict[str, Any]:
     return json.loads((product / DONE_MARKER).read_text())
 
 
-def clean(keep_running: Path | None = None) -> list[Path]:
-    """Remove every cached product (not the state dir of a running lab); return what went."""
+# What this cache writes at its root: products (`<kind>-<hash>`), their locks and unfinished
+# builds (`.<kind>-<hash>.lock`, `.<kind>-<hash>.<random>`), and two fixed directories.
+_PRODUCT = re.compile(r"\.?[a-z0-9]+-[0-9a-f]{16}(\..+)?")
+_FIXED = ("apt", "run")
+
+
+def is_lab_entry(name: str) -> bool:
+    return _PRODUCT.fullmatch(name) is not None or name in _FIXED
+
+
+def clean(keep_running: Path | None = None) -> tuple[list[Path], list[Path]]:
+    """Remove every cached product (not the state dir of a running lab): (removed, kept).
+
+    Only names this cache writes go: TORCH_FL_LAB_CACHE pointed at a directory of one's own
+    (`~`) must not lose its files. `apt` and `run` are plain words, so they go only when
+    everything else there is the cache's too."""
     root = cache_root()
     removed: list[Path] = []
+    kept: list[Path] = []
     if not root.is_dir():
-        return removed
-    for entry in sorted(root.iterdir()):
+        return removed, kept
+    entries = sorted(root.iterdir())
+    foreign = [e for e in entries if not is_lab_entry(e.name)]
+    for entry in entries:
+        if entry in foreign or (foreign and entry.name in _FIXED):
+            kept.append(entry)
+            continue
         if keep_running is not None and entry == keep_running:
             continue
-        if entry.is_dir():
+        if entry.is_dir() and not entry.is_symlink():
             shutil.rmtree(entry, ignore_errors=True)
         else:
             entry.unlink(missing_ok=True)
         removed.append(entry)
-    return removed
+    return removed, kept

@@ -14,6 +14,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -89,8 +90,17 @@ def _read_info() -> LabInfo | None:
     path = state_dir() / "lab.json"
     if not path.is_file():
         return None
-    data = json.loads(path.read_text())
-    return LabInfo(int(data["pid"]), int(data["port"]), str(data["page_size"]), state_dir())
+    try:
+        data = json.loads(path.read_text())
+        return LabInfo(int(data["pid"]), int(data["port"]), str(data["page_size"]), state_dir())
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        # A truncated or hand-edited state file: no lab this process can know of (one line, no
+        # traceback); `lab.up` writes a fresh one.
+        print(
+            f"lab: ignored the unreadable state file {path} ({type(exc).__name__}: {exc})",
+            file=sys.stderr,
+        )
+        return None
 
 
 def _is_our_qemu(pid: int) -> bool:

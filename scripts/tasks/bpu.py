@@ -7,16 +7,26 @@ invoke ship-cache --dest user@board[:DIR] | --dest /local/dir
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import importlib
+import math
 import os
+import re
+import shlex
+import shutil
+import sys
 import tarfile
 import tempfile
 from pathlib import Path
 
 from invoke import Collection, task
+from invoke.exceptions import Exit
 
 from provision import light
+from scripts import outpaths
 from scripts.tasks.cli import (
+    INTERRUPTED_CODE,
     CliTask,
     bad_flag,
     check_output_file,
@@ -31,16 +41,57 @@ def _cache_root(cache_dir: str | None) -> Path:
         # An empty value must not fall back to the default cache (which clean would empty).
         if not cache_dir.strip():
             raise bad_flag("--cache-dir", cache_dir, "give a directory (or leave the flag out)")
-        path = Path(cache_dir).expanduser()
-        if path.exists() and not path.is_dir():
-            raise bad_flag("--cache-dir", cache_dir, "is a file; give the cache directory")
-        return path
+        return _checked_cache_dir("--cache-dir", cache_dir, Path(cache_dir).expanduser())
     # settings.resolve().cache_dir, read the light way (the env file reader and the default are
     # the same modules resolve() uses): the cache tasks must not wait for torch to import
     raw, _where = light.load("envfile").lookup("FLAGOS_BPU_CACHE")
     if raw and raw.strip():
-        return Path(os.path.abspath(os.path.expanduser(raw)))
+        path = Path(os.path.abspath(os.path.expanduser(raw)))
+        return _checked_cache_dir("FLAGOS_BPU_CACHE", raw, path)
     return Path(light.load("bpu.cache_listing").default_cache_dir())
+
+
+def _checked_cache_dir(source: str, value: str, path: Path) -> Path:
+    problem = outpaths.lookup_problem(path)
+    if problem is None and path.exists() and not path.is_dir():
+        problem = "is a file; give the cache directory"
+    if problem:
+        raise bad_flag(source, value, problem)
+    return path
+
+
+# What the cache itself writes under index/ (`<graph key>.json`, and the atomic writer's
+# `.<name>.<pid>.<hex>.tmp`) and under artifacts/ while discarding (`.trash-<key>-<pid>-<ns>`).
+_INDEX_FILE = re.compile(r"[0-9a-f]{64}\.json|\.[0-9a-f]{64}\.json\.\d+\.[0-9a-f]+\.tmp")
+_TRASH = re.compile(r"\.trash-[0-9a-f]{64}-(\d+)-\d+")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError):
+        return pid > 0
+    return True
+
+
+def _sweep(root: Path, index_too: bool) -> None:
+    """Remove what an interrupted clean left (trash of dead processes) and, when everything was
+    cleaned, the index files; never a file the cache did not write (`--cache-dir ~` keeps
+    ~/index/notes.txt)."""
+    artifacts = root / "artifacts"
+    for entry in artifacts.iterdir() if artifacts.is_dir() else []:
+        match = _TRASH.fullmatch(entry.name)
+        if match and not _alive(int(match.group(1))) and not entry.is_symlink():
+            shutil.rmtree(entry, ignore_errors=True)
+    index = root / "index"
+    if index_too and index.is_dir() and not index.is_symlink():
+        for entry in index.iterdir():
+            if _INDEX_FILE.fullmatch(entry.name) and entry.is_file():
+                entry.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            index.rmdir()  # only when nothing else is in it
 
 
 @task(
@@ -79,18 +130,71 @@ def cache_clean(c, older_than_days=None, cache_dir=None):
     """Remove cached BPU artifacts (all, or older than N days)."""
     days = number_flag("--older-than-days", older_than_days, minimum=0.0)
     root = _cache_root(cache_dir)
-    from torch_fl.bpu.cache import ArtifactCache
+    if not (root / "artifacts").is_dir():
+        # Not a cache (or an empty one): ArtifactCache.clean would still remove ROOT/index.
+        print(f"removed 0 artifact(s) (no artifacts/ in {root})")
+        return
+    listing = light.load("bpu.cache_listing")
+    before = len(listing.list_entries(root))
+    try:
+        from torch_fl.bpu.cache import ArtifactCache
 
-    older = days * 86400 if days is not None else None
-    removed = ArtifactCache(root).clean(older)
+        # -inf, not None: None also deletes ROOT/index wholesale; _sweep removes only the
+        # index files the cache wrote. (-inf rather than 0: an entry stamped in the future by
+        # a skewed clock is still older than "now minus nothing".)
+        older = days * 86400 if days is not None else -math.inf
+        removed = ArtifactCache(root).clean(older)
+        _sweep(root, index_too=days is None)
+    except KeyboardInterrupt:
+        left = len(listing.list_entries(root))
+        print(
+            f"cache.clean: interrupted; removed {max(before - left, 0)} of {before} artifact(s), "
+            "each one whole (the rest are intact); run it again to finish",
+            file=sys.stderr,
+        )
+        raise Exit(code=INTERRUPTED_CODE) from None
     print(f"removed {removed} artifact(s)")
+
+
+_MODEL_SPEC = re.compile(r"[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*")
+MAX_INPUT_ELEMENTS = 2**31 - 1
+
+
+def _parse_shape(shape: str) -> list[int]:
+    try:
+        dims = [int(s) for s in shape.split(",")]
+    except ValueError:
+        dims = []
+    if not dims or any(d < 1 for d in dims) or math.prod(dims) > MAX_INPUT_ELEMENTS:
+        raise bad_flag(
+            "--shape", shape, "give the input shape as whole numbers >= 1 separated by commas "
+            f"(e.g. 1,3,224,224), at most {MAX_INPUT_ELEMENTS} elements in all",
+        )  # fmt: skip
+    return dims
+
+
+def _input_file(flag: str, value: str | None) -> str | None:
+    """A file the task reads: it must exist and be a regular file (a FIFO would hang the read)."""
+    if value is None:
+        return None
+    path = Path(value).expanduser()
+    problem = outpaths.lookup_problem(path) if value.strip() else "is empty; give a file path"
+    if problem is None and not path.is_file():
+        problem = "is a directory" if path.is_dir() else "is not a regular file"
+        problem = problem if path.exists() else "does not exist"
+        problem += "; give the file (or leave the flag out)"
+    if problem:
+        raise bad_flag(flag, value, problem)
+    return str(path)
 
 
 def _load_model(spec: str):
     module_name, _, attr = spec.partition(":")
-    if not attr:
-        raise SystemExit(f"--model must be module:callable (e.g. models:ResNet18), got {spec!r}")
-    return getattr(importlib.import_module(module_name), attr)()
+    try:
+        factory = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as exc:
+        raise bad_flag("MODEL", spec, f"cannot be loaded ({exc})") from None
+    return factory()
 
 
 @task(
@@ -105,6 +209,16 @@ def _load_model(spec: str):
 )
 def compile_host(c, model, shape="1,3,224,224", calibration=None, march=None, state_dict=None):
     """Compile a model's partitions to .hbm artifacts with native hbdk4 (x86_64 host)."""
+    # Every value is checked before torch imports (seconds) and before the compiler is looked for.
+    if not _MODEL_SPEC.fullmatch(model.strip()):
+        raise bad_flag("MODEL", model, "give module:callable (e.g. tests.compile.models:ResNet18)")
+    model = model.strip()
+    dims = _parse_shape(shape)
+    calibration = _input_file("--calibration", calibration)
+    state_dict = _input_file("--state-dict", state_dict)
+    marches = light.load("targets").MARCHES
+    if march is not None and march not in marches:
+        raise bad_flag("--march", march, f"use one of {', '.join(marches)} (or leave the flag out)")
     import torch
 
     from torch_fl.bpu import drivers, report
@@ -123,7 +237,7 @@ def compile_host(c, model, shape="1,3,224,224", calibration=None, march=None, st
         options["calibration"] = calibration
     if march:
         options["march"] = march
-    x = torch.randn(*[int(s) for s in shape.split(",")])
+    x = torch.randn(*dims)
     with report.collect() as reps, torch.no_grad():
         torch.compile(net, backend="bpu", options=options, dynamic=False)(x)
     for g in reps:
@@ -142,8 +256,15 @@ def ship_cache(c, dest, cache_dir=None):
     if not dest.strip():
         # Path("") is the current directory: an empty value must never unpack the cache here
         raise bad_flag("DEST", dest, "give user@host[:dir] or a local directory")
-    if not ("@" in dest or ":" in dest) and Path(dest).exists() and not Path(dest).is_dir():
-        raise bad_flag("DEST", dest, "is a file; give a directory (or user@host[:dir])")
+    remote = _is_remote(dest)
+    if not remote:
+        local = Path(dest).expanduser()
+        problem = outpaths.lookup_problem(local)
+        if problem is None and local.exists() and not local.is_dir():
+            problem = "is a file; give a directory (or user@host[:dir])"
+        problem = problem or outpaths.dir_problem(local)
+        if problem:
+            raise bad_flag("DEST", dest, problem)
     root = _cache_root(cache_dir)
     if not (root / "artifacts").is_dir():
         raise SystemExit(f"nothing to ship: {root}/artifacts does not exist")
@@ -153,20 +274,97 @@ def ship_cache(c, dest, cache_dir=None):
             for sub in ("artifacts", "index"):
                 if (root / sub).is_dir():
                     tar.add(root / sub, arcname=sub)
-        if "@" in dest or (":" in dest and not os.path.isabs(dest)):
-            from fabric import Connection
-
-            host, _, remote_dir = dest.partition(":")
-            remote_dir = remote_dir or "~/.cache/torch-fl/bpu"
-            conn = Connection(host)
-            conn.run(f"mkdir -p {remote_dir}")
-            conn.put(str(bundle), "/tmp/bpu-cache.tar.gz")
-            conn.run(f"tar -xzf /tmp/bpu-cache.tar.gz -C {remote_dir} && rm /tmp/bpu-cache.tar.gz")
+        if remote:
+            _ship_remote(dest, bundle)
         else:
-            Path(dest).mkdir(parents=True, exist_ok=True)
-            with tarfile.open(bundle) as tar:
-                tar.extractall(dest, filter="data")
+            _unpack_whole(bundle, local)
     print(f"shipped {root} -> {dest}")
+
+
+def _is_remote(dest: str) -> bool:
+    """`user@host[:dir]` or `host:dir`: an `@` or `:` before the first `/`, in a DEST that does
+    not start like a path (`/backups/cache@2024` and `./a:b` are local directories)."""
+    if dest.startswith(("/", ".", "~")):
+        return False
+    head = dest.split("/", 1)[0]
+    return "@" in head or ":" in head
+
+
+def _ship_remote(dest: str, bundle: Path) -> None:
+    import secrets
+
+    from fabric import Connection
+    from invoke.exceptions import UnexpectedExit
+    from paramiko.ssh_exception import SSHException
+
+    host, _, remote_dir = dest.partition(":")
+    tarball = f"/tmp/bpu-cache-{os.getpid()}-{secrets.token_hex(4)}.tar.gz"
+    try:
+        conn = Connection(host)
+        conn.put(str(bundle), tarball)
+        conn.run(remote_unpack_script(remote_dir or "~/.cache/torch-fl/bpu", tarball), hide=True)
+    except (OSError, SSHException, UnexpectedExit, ValueError) as exc:
+        detail = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
+        raise Exit(
+            f"ship-cache: cannot copy to {host!r} over SSH ({detail}); a local directory whose "
+            "name holds '@' or ':' is written ./NAME or as an absolute path",
+            code=1,
+        ) from None
+
+
+def remote_unpack_script(remote_dir: str, tarball: str) -> str:
+    """The sh script that unpacks `tarball` into `remote_dir` on the board the way
+    _unpack_whole does here: beside first, then each entry moved in whole."""
+    # Quoted for the remote shell (a directory may hold spaces or `;`); `~/` kept as $HOME.
+    where = shlex.quote(remote_dir)
+    if remote_dir == "~" or remote_dir.startswith("~/"):
+        where = '"$HOME"' + shlex.quote(remote_dir[1:]) if remote_dir != "~" else '"$HOME"'
+    tar = shlex.quote(tarball)
+    return (
+        f'set -e; d={where}; mkdir -p "$d"; t="$d/.ship-$$"; mkdir -p "$t"; '
+        f"trap 'rm -rf \"$t\" {tar}' EXIT; "
+        f'tar -xzf {tar} -C "$t"; '
+        'for sub in artifacts index; do [ -d "$t/$sub" ] || continue; mkdir -p "$d/$sub"; '
+        'for e in "$t/$sub"/* "$t/$sub"/.[!.]*; do [ -e "$e" ] || continue; n="${e##*/}"; '
+        # mv into an existing directory would nest; move the old entry aside first
+        'if [ -d "$d/$sub/$n" ]; then mv "$d/$sub/$n" "$t/old-$sub-$n"; fi; '
+        'mv "$e" "$d/$sub/$n"; done; done'
+    )
+
+
+def _unpack_whole(bundle: Path, dest: Path) -> None:
+    """Unpack into a staging directory inside `dest`, then move each artifact and index file
+    into place with a rename: a copy interrupted (Ctrl-C) or run twice at once never leaves a
+    half-written entry where the cache would read it."""
+    dest.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=".ship-", dir=dest))
+    try:
+        with tarfile.open(bundle) as tar:
+            tar.extractall(staging / "new", filter="data")
+        for sub in ("artifacts", "index"):
+            if not (staging / "new" / sub).is_dir():
+                continue
+            (dest / sub).mkdir(exist_ok=True)
+            for entry in sorted((staging / "new" / sub).iterdir()):
+                _move_into_place(entry, dest / sub / entry.name, staging)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def _move_into_place(entry: Path, final: Path, staging: Path) -> None:
+    """Rename `entry` to `final`. An entry already there (the same key: the same content) is
+    first renamed aside into `staging`, never merged file by file; a second copy running at
+    the same time may put its own in between, hence the retries."""
+    for attempt in range(5):
+        try:
+            os.replace(entry, final)
+            return
+        except OSError as err:
+            if err.errno not in (errno.ENOTEMPTY, errno.EEXIST, errno.EISDIR, errno.ENOTDIR):
+                raise
+        with contextlib.suppress(FileNotFoundError):
+            os.replace(final, staging / f"old-{final.parent.name}-{final.name}-{attempt}")
+    os.replace(entry, final)
 
 
 def register(ns: Collection) -> None:

@@ -6,12 +6,16 @@
 - Typed flags are checked in one place; bad values exit 2 with the flag, the value and the fix.
 - Reporting tasks write JSON with one flag, `--json PATH` (`-` for standard output), and a closed
   pipe (`... --json - | head`) ends quietly instead of in a BrokenPipeError traceback.
-- SIGTERM is turned into the same KeyboardInterrupt as Ctrl-C, so one `except` handles both.
+- SIGTERM is turned into the same KeyboardInterrupt as Ctrl-C, so one `except` handles both;
+  an interrupt a task does not handle itself ends it with 130 and one line (invoke alone would
+  exit 1 without a word), and so does an OSError it did not expect (exit 1, 2 for a name too
+  long), never a traceback.
 """
 
 from __future__ import annotations
 
 import difflib
+import errno
 import json
 import math
 import os
@@ -67,15 +71,41 @@ class CliTask(Task):
         dry = bool(getattr(getattr(getattr(context, "config", None), "run", None), "dry", False))
         if dry and not self.honours_dry:
             print(
-                f"--dry: {self.name.replace('_', '-')} was not run (it works in Python, not through c.run, so a "
+                f"--dry: {self.cli_name} was not run (it works in Python, not through c.run, so a "
                 "dry run cannot show its steps); nothing was changed"
             )
             return None
-        return super().__call__(*args, **kwargs)
+        # invoke itself turns Ctrl-C into a silent exit 1 and lets SIGTERM kill the process
+        # mid-write; every task instead ends on one line with 130, and an OSError a task did not
+        # expect (a name too long, a full disk) is one line, not a traceback.
+        name = self.cli_name
+        del _RECEIVED[:]
+        try:
+            with _signals_as_interrupt():
+                return super().__call__(*args, **kwargs)
+        except (Exit, SystemExit):
+            raise  # the task's own ending (a flag error, its own 130), as it chose
+        except KeyboardInterrupt:
+            raise _interrupted(name) from None
+        except BrokenPipeError:
+            raise  # a reader that stopped early (`| head`): quiet, see _quiet_broken_pipe
+        except Exception as err:
+            if _RECEIVED:
+                # A Ctrl-C inside an import can come out as another error (numpy, half
+                # imported, ends in a RecursionError): it is still the interrupt.
+                raise _interrupted(name) from None
+            if isinstance(err, OSError):
+                raise os_error_exit(name, err) from None
+            raise
+
+    @property
+    def cli_name(self) -> str:
+        """The name typed on the command line (`farm.test`, not `test`): see name_tasks()."""
+        return self.__dict__.get("_cli_name") or self.name.replace("_", "-")
 
     def help_text(self) -> str:
         """What `invoke --help TASK` prints, in short: usage, the docstring, the flags."""
-        name = self.name.replace("_", "-")
+        name = self.cli_name
         lines = [f"Usage: invoke [--core-opts] {name} [--options]", ""]
         lines += [f"  {line}".rstrip() for line in (self.__doc__ or "").strip().splitlines()]
         if self.help:
@@ -141,14 +171,45 @@ def _complete_flag_needing_a_value(self: ParseMachine) -> None:
     _complete_flag(self)
 
 
+def _quiet_broken_pipe(kind: type[BaseException], value: BaseException, tb: Any) -> None:
+    # invoke's own output (`invoke TASK -h | head -2`, `invoke --list | head`) hits a closed
+    # pipe outside any task: the reader has what it wanted, which is no traceback's business.
+    if issubclass(kind, BrokenPipeError):
+        _quiet_stdout()
+        return
+    _excepthook(kind, value, tb)
+
+
 # Installed when the task modules load, i.e. in the invoke process only (tasks.py imports this).
 ParseMachine.error = _parse_error
 ParseMachine.complete_flag = _complete_flag_needing_a_value
+_excepthook = sys.excepthook
+sys.excepthook = _quiet_broken_pipe
+
+
+def name_tasks(ns: Any) -> None:
+    """Tell each CliTask its full command-line name, collection included (a task object only
+    knows its own: `test` for both `test` and `farm.test`)."""
+    for name in ns.task_names:
+        task = ns[name]
+        if isinstance(task, CliTask):
+            task.__dict__["_cli_name"] = name
 
 
 def bad_flag(flag: str, value: object, fix: str) -> Exit:
     """The one shape of a flag error: exit 2, the flag, the value as given, what to do."""
-    return Exit(f"error: {flag} {value!r}: {fix}", code=2)
+    return Exit(f"error: {flag} {outpaths.shown(value)}: {fix}", code=2)
+
+
+def os_error_exit(name: str, err: OSError) -> Exit:
+    """One line for an OSError: what failed, on which path. A name too long can only have come
+    from a value given (a flag, an environment variable): exit 2 like other bad values."""
+    where = f": {outpaths.shown(err.filename)}" if err.filename is not None else ""
+    if err.filename2 is not None:
+        where += f" -> {outpaths.shown(err.filename2)}"
+    if err.errno == errno.ENAMETOOLONG:
+        return Exit(f"error: {name}: a path is too long{where}; use a shorter one", code=2)
+    return Exit(f"error: {name}: {err.strerror or err}{where}", code=1)
 
 
 def int_flag(flag: str, value: object, minimum: int = 1, maximum: int | None = None) -> int | None:
@@ -223,22 +284,46 @@ def print_lines(lines: list[str]) -> None:
         _quiet_stdout()
 
 
+_RECEIVED: list[int] = []  # the interrupting signals the running task got, in order
+
+
+def _raise_interrupt(signum: int, frame: object) -> None:
+    _RECEIVED.append(signum)
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def _interrupted(name: str) -> Exit:
+    how = "SIGTERM" if signal.SIGTERM in _RECEIVED else "Ctrl-C"
+    print(f"{name}: interrupted ({how}); stopped", file=sys.stderr)
+    return Exit(code=INTERRUPTED_CODE)
+
+
 @contextmanager
 def sigterm_as_interrupt() -> Iterator[None]:
     """Within the block, SIGTERM raises KeyboardInterrupt like Ctrl-C does."""
+    with _handling((signal.SIGTERM,)):
+        yield
 
-    def _raise(signum: int, frame: object) -> None:
-        raise KeyboardInterrupt(f"signal {signum}")
 
+@contextmanager
+def _signals_as_interrupt() -> Iterator[None]:
+    """SIGINT and SIGTERM both raise KeyboardInterrupt, and are recorded in _RECEIVED."""
+    with _handling((signal.SIGINT, signal.SIGTERM)):
+        yield
+
+
+@contextmanager
+def _handling(signums: tuple[int, ...]) -> Iterator[None]:
     try:
-        previous: Any = signal.signal(signal.SIGTERM, _raise)
+        previous: dict[int, Any] = {n: signal.signal(n, _raise_interrupt) for n in signums}
     except ValueError:  # not the main thread: leave signals alone
         yield
         return
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
 
 
 def heartbeat(label: str, **kwargs: Any) -> Any:

@@ -63,10 +63,17 @@ def _job(c, *, mode, coordinator, place, tag, count, farm_config, config, only, 
     from scripts.farm.run import FarmJob
 
     try:
+        for flag, items in (("--place", place), ("--tag", tag)):
+            # "$UNSET" among other values would be dropped unseen; alone it selects nothing
+            for item in items or []:
+                if not str(item).strip():
+                    raise ValueError(
+                        f"{flag} {item!r} is empty; give a value or leave the flag out"
+                    )
         section = c.config.get("farm") if hasattr(c, "config") else None
         farm = settings.load(coordinator, farm_config, config_mod.invoke_section(section, "farm"))
         if count is not None and not str(count).strip().isdigit():
-            raise ValueError(f"--count {count!r} is not a whole number of places")
+            raise ValueError(f"--count {outpaths.shown(count)} is not a whole number of places")
         requests = selection.requests(place or [], tag or [], int(count) if count else None)
         prov_section = c.config.get("provision") if hasattr(c, "config") else None
         cfg = config_mod.load(config, config_mod.invoke_section(prov_section, "provision"))
@@ -74,6 +81,9 @@ def _job(c, *, mode, coordinator, place, tag, count, farm_config, config, only, 
         if artifacts is not None and not artifacts.strip():
             raise ValueError("--artifacts '' is empty; give a directory or leave the flag out")
         art = Path(artifacts).expanduser() if artifacts else None
+        problem = outpaths.lookup_problem(art) if art is not None else None
+        if problem:
+            raise ValueError(f"--artifacts {outpaths.shown(artifacts)}: {problem}")
         if art is not None and not art.is_dir():
             raise ValueError(f"--artifacts {artifacts} is not a directory")
     except (ValueError, config_mod.ConfigError) as exc:
@@ -98,6 +108,22 @@ def _job(c, *, mode, coordinator, place, tag, count, farm_config, config, only, 
         boot_timeout_s=boot,
         **extra,
     )
+
+
+def _checkout_file(flag: str, value: str) -> str:
+    """A file inside the checkout (the boards get the checkout, not other files), relative."""
+    path = ROOT / value
+    problem = outpaths.lookup_problem(path) if value.strip() else "is empty"
+    if problem is None:
+        try:
+            relative = path.resolve().relative_to(ROOT.resolve())
+        except ValueError:
+            problem = "is outside the checkout; the boards only get the checkout's files"
+        else:
+            if path.is_file():
+                return str(relative)
+            problem = "is not a file in the checkout"
+    raise bad_flag(flag, value, f"{problem} (default matrix.yaml)")
 
 
 def _finish(job) -> None:
@@ -145,8 +171,11 @@ def test(c, lane=None, coordinator=None, place=None, tag=None, count=None, farm_
         raise Exit("farm.test: name the lanes to run on the boards with --lane", code=2)
     if setup not in SETUP_MODES:
         raise Exit(f"farm.test: --setup {setup!r} is not one of {', '.join(SETUP_MODES)}", code=2)
-    if not (ROOT / matrix_file).is_file():
-        raise Exit(f"farm.test: --matrix-file {matrix_file} is not a file in the checkout", code=2)
+    if board_python is not None and not board_python.strip():
+        raise bad_flag(
+            "--board-python", board_python, "give the board's interpreter (or leave the flag out)"
+        )
+    matrix_file = _checkout_file("--matrix-file", matrix_file)
     from scripts.testmatrix.schema import MatrixError, load
 
     try:

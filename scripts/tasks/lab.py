@@ -12,7 +12,14 @@ import sys
 from invoke import Collection, task
 from invoke.exceptions import Exit
 
-from scripts.tasks.cli import CliTask, check_output_file, heartbeat, print_lines, write_json
+from scripts.tasks.cli import (
+    CliTask,
+    bad_flag,
+    check_output_file,
+    heartbeat,
+    print_lines,
+    write_json,
+)
 
 
 @task(
@@ -24,6 +31,9 @@ def up(c, page_size=None):
     from scripts import lab
     from scripts.lab import vm
 
+    if page_size is not None and not page_size.strip():
+        # "$UNSET" is a mistake, not "the default": the default starts a build of many minutes
+        raise bad_flag("--page-size", page_size, "use 64k or 16k (or leave the flag out)")
     page_size = page_size or lab.DEFAULT_PAGE_SIZE
     ok, why = lab.capability(page_size)
     if not ok:
@@ -120,8 +130,11 @@ def clean(c):
     from scripts.lab import cache, vm
 
     vm.down()
-    for path in cache.clean():
+    removed, kept = cache.clean()
+    for path in removed:
         print(f"removed {path}")
+    for path in kept:
+        print(f"kept {path}: not something the lab cache wrote")
 
 
 def register(ns: Collection) -> None:

@@ -11,7 +11,8 @@ from pathlib import Path
 
 from invoke import Collection, Context, Exit, task
 
-from scripts.tasks.cli import CliTask, bad_flag, int_flag, split_names
+from scripts import outpaths
+from scripts.tasks.cli import INTERRUPTED_CODE, CliTask, bad_flag, int_flag, split_names
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -110,14 +111,26 @@ def matrix_update(c: Context, junit_dir: str | None = None, write: bool = False)
 
     if junit_dir is not None and not junit_dir.strip():
         raise bad_flag("--junit-dir", junit_dir, "give a directory path (or leave the flag out)")
+    if junit_dir is not None:
+        given = Path(junit_dir).expanduser()
+        problem = outpaths.lookup_problem(given)
+        if problem is None and given.exists() and not given.is_dir():
+            problem = "is not a directory; give the junit directory of a matrix run"
+        if problem:
+            raise bad_flag("--junit-dir", junit_dir, problem)
     try:
         code = update_main(
             matrix_file=ROOT / "matrix.yaml",
-            junit_dir=Path(junit_dir) if junit_dir else ROOT / "out" / "matrix" / "junit",
+            junit_dir=given if junit_dir else ROOT / "out" / "matrix" / "junit",
             write=write,
         )
     except MatrixError as err:
         raise Exit(f"error: {err}", code=2) from None
+    except KeyboardInterrupt:
+        # --write replaces matrix.yaml with one rename: it holds the old text or the new one.
+        print("matrix-update: interrupted; matrix.yaml is unchanged or fully written, never half",
+              file=sys.stderr)  # fmt: skip
+        raise Exit(code=INTERRUPTED_CODE) from None
     if code:
         raise Exit(code=code)
 

@@ -653,8 +653,8 @@ def _exclusive(out_dir: Path):
             fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             raise _Busy(
-                f"another matrix run is writing {out_dir} now; wait for it to finish, or give "
-                "this one its own --out-dir"
+                f"another matrix run is writing {out_dir} now; wait for it to finish (or run this "
+                "one as `python -m scripts.testmatrix --out-dir DIR`)"
             ) from None
         yield
     finally:
@@ -743,7 +743,7 @@ def _check_outputs(json_path: Path | None, junit_dir: Path, out_dir: Path) -> No
         problems.append(("--json", json_path, outpaths.file_problem(json_path)))
     for flag, path, problem in problems:
         if problem:
-            raise UsageError(f"{flag} {str(path)!r}: {problem}")
+            raise UsageError(f"{flag} {outpaths.shown(path)}: {problem}")
 
 
 def _required_lanes(matrix: Matrix, selected: list[Lane], require: list[str] | None) -> list[str]:

@@ -49,7 +49,7 @@ def test_product_is_published_only_when_complete(lab_cache):
     assert (built, built_again) == (True, False) and first == again and calls == [1]
     assert (first / "Image").read_text() == "ok"
     assert cache.metadata(first)["build_s"] == 0.1
-    assert cache.clean() and cache.lookup("kernel", {"k": 1}) is None
+    assert cache.clean()[0] and cache.lookup("kernel", {"k": 1}) is None
 
 
 def test_unknown_page_size_is_refused_with_the_choices():
