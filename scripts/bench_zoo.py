@@ -222,8 +222,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--sim-kernels",
         default="auto",
-        choices=("auto", "u8s8", "u8u8", "float"),
-        help="the sim executor's kernel path (u8u8: what a CPU without VNNI runs)",
+        choices=("auto", "u8s8", "mixed", "u8u8", "float"),
+        help="the sim executor's kernel path (mixed: what a CPU without VNNI runs)",
     )
     args = parser.parse_args(argv)
 

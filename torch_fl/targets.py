@@ -12,3 +12,12 @@ ACCELERATORS: tuple[str, ...] = ("bpu",)
 # BPU architectures the compile backend produces artifacts for (`BpuSettings.march`). The RDK X3
 # (bernoulli2) and X5 (bayes-e) BPUs are not among them: their toolchain is not hbdk4.
 MARCHES: tuple[str, ...] = ("nash-e", "nash-m", "nash-p")
+
+# Activation precisions each march's BPU computes in (calibrate(target=...) promotes the most
+# sensitive int8 tensors to the next one; "float" beyond these runs on the CPU). nash-e and
+# nash-m take int16 activations; nash-p also float16.
+MARCH_PRECISIONS: dict[str, tuple[str, ...]] = {
+    "nash-e": ("int8", "int16"),
+    "nash-m": ("int8", "int16"),
+    "nash-p": ("int8", "int16", "float16"),
+}

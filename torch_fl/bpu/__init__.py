@@ -7,6 +7,7 @@ from torch_fl.bpu.conversion.calibration import Calibration
 from torch_fl.bpu.drivers import discover
 from torch_fl.bpu.errors import BpuError, StrictModeError
 from torch_fl.bpu.explainer import explain
+from torch_fl.bpu.layers import LayerReport, layer_report
 from torch_fl.bpu.report import Report
 from torch_fl.bpu.settings import BpuSettings, SettingsError, resolve
 
@@ -14,6 +15,7 @@ __all__ = [
     "BpuError",
     "BpuSettings",
     "Calibration",
+    "LayerReport",
     "Report",
     "SettingsError",
     "StrictModeError",
@@ -22,6 +24,7 @@ __all__ = [
     "discover",
     "explain",
     "export",
+    "layer_report",
     "load",
     "resolve",
 ]

@@ -102,6 +102,7 @@ def graph_key(
     args: Sequence[torch.Tensor],
     settings: BpuSettings,
     scales: dict[str, float] | None,
+    precision: dict[str, str] | None = None,
 ) -> str:
     h = hashlib.sha256()
     header = {
@@ -112,6 +113,7 @@ def graph_key(
         "quantize": settings.quantize,
         "act_scale": settings.act_scale,
         "scales": sorted((scales or {}).items()),
+        "precision": sorted((precision or {}).items()),
         "frozen": spec.frozen_positions,
         "inputs": [(tuple(args[i].shape), str(args[i].dtype)) for i in spec.runtime_positions],
     }
@@ -158,6 +160,7 @@ def build(
     scales: dict[str, float] | None,
     need_hbm: bool,
     compile_artifact: bool,
+    precision: dict[str, str] | None = None,
 ) -> BuildResult:
     """Produce (or find) the artifact for `spec` with the weights in `args`.
 
@@ -172,7 +175,7 @@ def build(
     compiler_id = info.compiler_id if info is not None and info.kind != "none" else "none"
     want_compile = (need_hbm or compile_artifact) and compiler_id != "none"
     cache = ArtifactCache(settings.cache_dir) if settings.cache else None
-    gkey = graph_key(spec, args, settings, scales)
+    gkey = graph_key(spec, args, settings, scales, precision)
     timings["graph_key_s"] = time.perf_counter() - start
 
     if cache is not None:
@@ -193,7 +196,7 @@ def build(
                 str(hbm) if hbm else None,
             )
 
-    onnx_bytes, live_bytes = _convert(spec, args, settings, scales, timings)
+    onnx_bytes, live_bytes = _convert(spec, args, settings, scales, timings, precision)
     if need_hbm and not want_compile:
         raise CompileError(
             f"partition {spec.index}: no cached .hbm artifact and no hbdk4 compiler "
@@ -235,6 +238,7 @@ def _convert(
     settings: BpuSettings,
     scales: dict[str, float] | None,
     timings: dict[str, float],
+    precision: dict[str, str] | None = None,
 ) -> tuple[bytes, bytes]:
     """The canonical bytes of the (quantized) ONNX model and of its live-weights graph."""
     t0 = time.perf_counter()
@@ -244,7 +248,7 @@ def _convert(
     model = baked
     if settings.quantize:
         t0 = time.perf_counter()
-        model = quantize_model(baked, scales or {}, settings.act_scale)
+        model = quantize_model(baked, scales or {}, settings.act_scale, precision)
         timings["qdq_s"] = time.perf_counter() - t0
     onnx_bytes = canonical_bytes(model)
     # the live graph quantizes its bias with the same activation scales as the Q/DQ pass

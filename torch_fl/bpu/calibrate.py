@@ -109,11 +109,34 @@ def _run_key(k: stored.Keys, digest: str, method: str, percentile: float) -> str
     return stored._key("run", k.exact, digest, method, percentile)
 
 
+def _target(value: Any) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
+        raise CalibrationError(
+            f"calibrate(target=...) is an output cosine in (0, 1], e.g. 0.999; got {value!r}"
+        )
+    return float(value)
+
+
+def _say(summary: dict, label: str) -> None:
+    moved = f"{len(summary['int16'])} tensor(s) to int16, {len(summary['float'])} to float"
+    verdict = "met" if summary["met"] else "NOT met (every allowed move made)"
+    print(
+        f"torch_fl.bpu.calibrate: {label}: output cosine {summary['cosine_int8']:.6f} in int8 -> "
+        f"{summary['cosine']:.6f} with {moved}; target {summary['target']} {verdict}",
+        flush=True,
+    )
+    for step in summary["steps"]:
+        print(f"  {step['to']}: {', '.join(step['tensors'])} -> cosine {step['cosine_after']:.6f}")
+
+
 def calibrate(
     compiled_model: Any,
     samples: Iterable[Any],
     method: str = "max",
     percentile: float = 99.99,
+    target: float | None = None,
 ) -> Calibration:
     """Run `samples` through a model compiled with backend="bpu" and calibrate every partition.
 
@@ -124,12 +147,20 @@ def calibrate(
     (they rebuild on the next call) and are returned as a `Calibration` that can be saved and
     passed as options={'calibration': ...} elsewhere. A list of the same samples calibrated again
     with the same settings is found in the store after its first sample: no second pass.
+
+    `target` (an output cosine vs float, e.g. 0.999): measure each quantized tensor's
+    sensitivity on the samples and move the most sensitive to int16, then float, until every
+    partition's outputs reach it (conversion/precision.py); what moved, and what it bought, is
+    printed and returned in `Calibration.changes`.
     """
     # the same checks (and one-line errors) as options={'calib_method': ..., ...}
     method = parse_option("calib_method", method, "calibrate(method=...)")
     percentile = parse_option("calib_percentile", percentile, "calibrate(percentile=...)")
+    target = _target(target)
     session = _Session(method, percentile)
     digest = samples_digest(samples)
+    if digest is not None and target is not None:
+        digest = stored._key(digest, "target", target)
     positional = _positional_count(compiled_model)
     total = len(samples) if isinstance(samples, Sequence) else None
     token = runtime.CALIBRATION.set(session)
@@ -166,16 +197,33 @@ def calibrate(
             result.scales[part.spec.fingerprint] = scales
             result.names[part.spec.fingerprint] = list(observer.names)
             result.families[part.spec.family] = part.spec.fingerprint
+            result.precision[part.spec.fingerprint] = dict(part.precision)
             continue
         scales = observer.scales()
+        precision: dict[str, str] = {}
+        label = f"partition {part.spec.index}"
+        if target is not None and part.settings.quantize:
+            from torch_fl.bpu.conversion.precision import promote
+
+            precision, summary = promote(
+                observer, scales, part.settings.act_scale, target, part.settings.march
+            )
+            summary["partition"] = part.spec.index
+            result.changes.append(summary)
+            _say(summary, label)
         if part.settings.quantize:
-            label = f"partition {part.spec.index}"
-            part.entry.quant_health = health(observer, scales, part.settings.act_scale, label)
+            part.entry.quant_health = health(
+                observer, scales, part.settings.act_scale, label,
+                warn=target is None, precision=precision,
+            )  # fmt: skip
         seen = session.counts[ident]
         source = f"calibrate() on {seen} sample(s) ({method})"
-        part.set_scales(scales, source)
+        if precision:
+            n16 = sum(v == "int16" for v in precision.values())
+            source += f", target {target}: {n16} int16, {len(precision) - n16} float"
+        part.set_scales(scales, source, precision)
         settings = part.settings
-        record = stored.Record(scales, tuple(observer.names), source, seen, method)
+        record = stored.Record(scales, tuple(observer.names), source, seen, method, precision)
         cache_dir = settings.cache_dir if settings.cache else None
         stored.STORE.put(session.keys[ident], record, cache_dir)
         if digest is not None:
@@ -184,4 +232,5 @@ def calibrate(
         result.scales[part.spec.fingerprint] = scales
         result.names[part.spec.fingerprint] = list(observer.names)
         result.families[part.spec.family] = part.spec.fingerprint
+        result.precision[part.spec.fingerprint] = precision
     return result

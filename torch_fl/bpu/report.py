@@ -45,6 +45,13 @@ class PartitionEntry:
     calibration: dict | None = None
     """{"state": calibrated|uncalibrated|float, "source": where the scales came from}; set on
     the first call of an int8 partition."""
+    worst_layers: list | None = None
+    """The layers with the lowest alone-cosine of the last layer_report (module, op, ...)."""
+
+
+WORST_LAYERS: dict[str, list] = {}
+"""Partition fingerprint -> the worst layers of its last layer_report (for every later graph of
+the same partition: explain() after a recompile shows them too)."""
 
 
 @dataclass
@@ -174,6 +181,22 @@ class Report:
                     f"  {graph_id}/{p.id} {h['cosine']:.5f} {h['saturated_pct']:.3f} "
                     f"{h['zeroed_pct']:.3f} {worst.get('name', '-')}{flag}"
                 )
+        worst = [
+            (g.graph_id, p, p.worst_layers or WORST_LAYERS.get(p.fingerprint))
+            for g in self.graphs
+            for p in g.partitions
+        ]
+        worst = [w for w in worst if w[2]]
+        if worst:
+            lines.append(
+                "worst layers (layer_report, alone vs float): graph/part module op prec cos"
+            )
+            for graph_id, p, rows in worst:
+                for w in rows:
+                    lines.append(
+                        f"  {graph_id}/{p.id} {w['module']} {w['op']} {w['precision']} "
+                        f"{w['cosine_alone']:.5f}"
+                    )
         if self.cpu_nodes:
             lines.append("left on the CPU:")
             for n in self.cpu_nodes:

@@ -125,6 +125,25 @@ def _path(value: Any) -> str:
     return os.path.abspath(os.path.expanduser(text))
 
 
+def _patterns(value: Any) -> tuple[str, ...]:
+    """Layer selectors: a list of strings (or one comma-separated string, as an env var gives):
+    module-path globs (`features.3.*`), op types (`Conv`, `Gemm`, `MatMul`) or ONNX tensor
+    names."""
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        items = [v.strip() for v in value.split(",")]
+        items = [v for v in items if v]
+    elif isinstance(value, (list, tuple, set, frozenset)):
+        items = list(value)
+    else:
+        raise ValueError(f"expected a list of module patterns, got {type(value).__name__}")
+    for item in items:
+        if not isinstance(item, str) or not item.strip():
+            raise ValueError(f"each pattern must be a non-empty string, got {item!r}")
+    return tuple(sorted({i.strip() for i in items}))
+
+
 def _report(value: Any) -> str:
     if value is None or value is False:
         return "none"
@@ -338,6 +357,24 @@ class BpuSettings:
         "exact here). "
         "`float`: Q/DQ as float rounding steps around float kernels.",
         "FLAGOS_BPU_SIM_KERNELS",
+    )
+    # last: the field named `float` shadows the builtin in the rest of the class body
+    int16: tuple = _option(
+        (),
+        _patterns,
+        "a list of module globs / op types",
+        "Layers whose input activations stay int16 (module-path globs such as `features.3.*`, op "
+        "types such as `Conv`, or ONNX tensor names), whatever calibration chose: hb_compile's "
+        "node_info. Weights stay int8.",
+        "FLAGOS_BPU_INT16",
+    )
+    float: tuple = _option(
+        (),
+        _patterns,
+        "a list of module globs / op types",
+        "Layers that run in float (on the CPU: hbdk4 lowers an op without Q/DQ there), inputs and "
+        "weights: TensorRT's torch_executed_ops. Wins over `int16`.",
+        "FLAGOS_BPU_FLOAT",
     )
 
     def replace(self, **changes: Any) -> BpuSettings:

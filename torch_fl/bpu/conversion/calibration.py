@@ -43,6 +43,7 @@ class Calibration:
         method: str = "max",
         families: Mapping[str, str] | None = None,
         names: Mapping[str, Sequence[str]] | None = None,
+        precision: Mapping[str, Mapping[str, str]] | None = None,
     ) -> None:
         self.scales: dict[str, dict[str, float]] = {
             k: {n: float(s) for n, s in v.items()} for k, v in (scales or {}).items()
@@ -54,9 +55,20 @@ class Calibration:
         self.families: dict[str, str] = {
             str(k): str(v) for k, v in (families or {}).items() if v in self.names
         }
+        self.precision: dict[str, dict[str, str]] = {
+            str(k): {str(n): str(p) for n, p in v.items()}
+            for k, v in (precision or {}).items()
+            if k in self.scales
+        }
+        """Per fingerprint, the tensors kept in int16 or float (calibrate(target=...))."""
+        self.changes: list[dict] = []
+        """What calibrate(target=...) moved out of int8 per partition, and what it bought."""
 
     def for_partition(self, fingerprint: str) -> dict[str, float] | None:
         return self.scales.get(fingerprint)
+
+    def precision_for(self, fingerprint: str) -> dict[str, str]:
+        return dict(self.precision.get(fingerprint, {}))
 
     def for_family(self, family: str) -> tuple[dict[str, float], list[str]] | None:
         """(scales, tensor names in graph order) of a partition with this structure, if any."""
@@ -80,6 +92,7 @@ class Calibration:
                 "scales": self.scales,
                 "families": self.families,
                 "names": self.names,
+                "precision": self.precision,
             },
             indent=1,
             sort_keys=True,
@@ -104,7 +117,11 @@ class Calibration:
                 "recreate it with torch_fl.bpu.calibrate(...).save(path)"
             )
         return cls(
-            data["scales"], data.get("method", "max"), data.get("families"), data.get("names")
+            data["scales"],
+            data.get("method", "max"),
+            data.get("families"),
+            data.get("names"),
+            data.get("precision"),
         )
 
 
@@ -192,6 +209,7 @@ def health(
     default_scale: float,
     label: str = "partition",
     warn: bool = True,
+    precision: Mapping[str, str] | None = None,
 ) -> dict:
     """How far the int8 partition is from the float one on the kept calibration samples.
 
@@ -205,7 +223,7 @@ def health(
 
     if not observer.kept_inputs:
         return {}
-    quantized = quantize_model(observer.model, scales, default_scale)
+    quantized = quantize_model(observer.model, scales, default_scale, precision)
     float_session, int8_session = _session(observer.model), _session(quantized)
     out_names = [o.name for o in observer.model.graph.output]
     worst_cos = 1.0

@@ -27,7 +27,7 @@ import threading
 import time
 import warnings
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +51,8 @@ class Record:
     """e.g. "calibrate() on 32 samples (max)", "first call (1 sample)"."""
     samples: int
     method: str
+    precision: dict[str, str] = field(default_factory=dict)
+    """Tensors kept in int16 or float (calibrate(target=...), options int16/float); int8 else."""
 
     @property
     def guessed(self) -> bool:
@@ -65,6 +67,7 @@ class Record:
                 "source": self.source,
                 "samples": self.samples,
                 "method": self.method,
+                "precision": self.precision,
                 "written": time.time(),
             },
             sort_keys=True,
@@ -85,7 +88,15 @@ class Record:
                 raise ValueError(f"bad scale for {name!r}")
             clean[name] = number
         names = tuple(str(n) for n in data["names"])
-        return cls(clean, names, str(data["source"]), int(data["samples"]), str(data["method"]))
+        precision = data.get("precision") or {}
+        if not isinstance(precision, dict) or any(
+            v not in ("int8", "int16", "float") for v in precision.values()
+        ):
+            raise ValueError("bad precision")
+        return cls(
+            clean, names, str(data["source"]), int(data["samples"]), str(data["method"]),
+            {str(k): str(v) for k, v in precision.items()},
+        )  # fmt: skip
 
 
 def family_of(gm: torch.fx.GraphModule) -> str:
@@ -139,6 +150,19 @@ class Keys:
 
 def keys(fingerprint: str, family: str, weights: str) -> Keys:
     return Keys(_key("exact", fingerprint, weights), _key("family", family, weights))
+
+
+def carry_precision(
+    precision: Mapping[str, str], old_names: Sequence[str], new_names: Sequence[str]
+) -> dict[str, str]:
+    """`precision` of one partition mapped by position onto a partition of the same family."""
+    if len(old_names) != len(new_names):
+        return {}
+    return {
+        new: precision[old]
+        for old, new in zip(old_names, new_names, strict=True)
+        if old in precision
+    }
 
 
 def carry(

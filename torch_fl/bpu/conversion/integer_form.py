@@ -32,6 +32,7 @@ from torch_fl.bpu.conversion.export import constant_names, constant_value
 PATHS = ("u8s8", "u8u8", "mixed")
 SHIFT = 128
 INT8_MAX = 127
+SHIFTED_ZP = "int8form::zp_u8_128"  # the zero point of every int8 activation moved to uint8
 
 
 def _scalar_int8(init: onnx.TensorProto | None) -> bool:
@@ -64,7 +65,7 @@ class _Rewriter:
 
     def shift_activations(self) -> None:
         """Every activation Q/DQ with a scalar int8 zero point: uint8, zero point 128."""
-        zp128 = self._u8("int8form::zp_u8_128", np.array(SHIFT, np.uint8))
+        zp128 = self._u8(SHIFTED_ZP, np.array(SHIFT, np.uint8))
         for node in self.model.graph.node:
             if node.op_type not in ("QuantizeLinear", "DequantizeLinear") or len(node.input) < 3:
                 continue
@@ -127,8 +128,8 @@ class _Rewriter:
             q = users[0]
             if q.op_type != "QuantizeLinear" or len(self.readers.get(clamp.input[0], [])) != 1:
                 continue
-            if q.input[1] not in self.inits or len(q.input) < 3:
-                continue
+            if q.input[1] not in self.inits or len(q.input) < 3 or q.input[2] != SHIFTED_ZP:
+                continue  # only int8 (shifted) quantization: int16 keeps its Relu before Q
             # Q reads the op's output directly; the clamp acts on the quantized values
             q.input[0] = clamp.input[0]
             clipped = q.output[0]
@@ -171,8 +172,13 @@ class _Rewriter:
             readers = self.readers.get(out, [])
             if q is None or q.op_type != "QuantizeLinear" or len(q.input) < 3 or not readers:
                 continue
+            if q.input[2] != SHIFTED_ZP:
+                continue  # an int16 (or otherwise kept) tensor: not the int8 form
             if any(
-                r.op_type != "DequantizeLinear" or r.input[0] != out or len(r.input) < 3
+                r.op_type != "DequantizeLinear"
+                or r.input[0] != out
+                or len(r.input) < 3
+                or r.input[2] != SHIFTED_ZP
                 for r in readers
             ):
                 continue

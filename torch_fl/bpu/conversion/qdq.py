@@ -18,6 +18,12 @@ Scheme (symmetric, signed int8, zero point 0, as hbdk4 expects):
   excepted): a residual Add sees the int8 values the conv next to it sees.
 A pass that leaves any of those ops without quantized inputs raises `QuantizationError`: a float
 artifact must never be shipped silently in place of an int8 one.
+
+Precision per activation tensor (`precision`: tensor -> "int8" | "int16" | "float"): an int16
+tensor gets an int16 Q/DQ pair (zero point 0, scale = the int8 threshold / 32767: the same range
+with 258x finer steps; QuantizeLinear takes int16 from opset 21, which the graph then declares),
+and a float tensor none at all (the op reading it runs in float: on the CPU, as hbdk4 lowers
+it). Which marches take int16 (and float16) activations is `marches.py`'s table.
 """
 
 from __future__ import annotations
@@ -35,6 +41,9 @@ WEIGHT_OPS = {"Conv": 1, "Gemm": 1, "MatMul": 1}  # op -> index of the weight in
 POOL_OPS = ("MaxPool", "AveragePool", "GlobalAveragePool")
 QUANT_OPS = tuple(WEIGHT_OPS) + POOL_OPS
 QMAX = 127
+QMAX16 = 32767
+INT16_OPSET = 21  # the first opset whose QuantizeLinear / DequantizeLinear take int16
+PRECISIONS = ("int8", "int16", "float")
 # Largest |int32 bias| allowed: the int32 accumulator must still hold the bias plus the sum of
 # int8 products (K x 127 x 127 < 2^30 for every K below 66k).
 BIAS_QMAX = 2**30
@@ -181,10 +190,15 @@ class _QdqGraph:
     """The new nodes and initializers of one Q/DQ pass, and the bookkeeping between them."""
 
     def __init__(
-        self, graph: onnx.GraphProto, act_scales: Mapping[str, float], default_scale: float
+        self,
+        graph: onnx.GraphProto,
+        act_scales: Mapping[str, float],
+        default_scale: float,
+        precision: Mapping[str, str] | None = None,
     ) -> None:
         self.act_scales = act_scales
         self.default_scale = default_scale
+        self.precision = dict(precision or {})
         self.inits = {i.name: i for i in graph.initializer}
         self.init_users: dict[str, int] = {}
         for node in graph.node:
@@ -212,8 +226,9 @@ class _QdqGraph:
         scale = float(self.act_scales.get(name, self.default_scale))
         if not scale > 0 or not np.isfinite(scale):
             raise QuantizationError(f"activation scale for {name!r} is {scale}; need > 0")
-        self.scalar(f"{name}_scale", scale, np.float32)
-        self.scalar(f"{name}_zero_point", 0, np.int8)
+        wide = self.precision.get(name) == "int16"
+        self.scalar(f"{name}_scale", scale * QMAX / QMAX16 if wide else scale, np.float32)
+        self.scalar(f"{name}_zero_point", 0, np.int16 if wide else np.int8)
         q = f"{name}_quantized"
         args = [f"{name}_scale", f"{name}_zero_point"]
         self.nodes.append(helper.make_node("QuantizeLinear", [source, *args], [q], f"{name}_Q"))
@@ -221,7 +236,10 @@ class _QdqGraph:
         self.dq_of[name] = dq
 
     def act_dq(self, name: str) -> str:
-        """The dequantized name of activation `name` (one Q/DQ pair per tensor)."""
+        """The dequantized name of activation `name` (one Q/DQ pair per tensor; a tensor kept
+        in float is read as it is)."""
+        if self.precision.get(name) == "float":
+            return name
         if name not in self.dq_of:
             self._pair(name, name, f"{name}_dequantized")
         return self.dq_of[name]
@@ -230,6 +248,8 @@ class _QdqGraph:
         """Quantize the outputs of `node` that are requantization points in place: the node
         writes `<name>_float`, and every reader of `name` reads the dequantized value."""
         for i, name in enumerate(node.output):
+            if self.precision.get(name) == "float":
+                continue
             if name in self.requant and name not in self.dq_of:
                 node.output[i] = f"{name}_float"
                 self._pair(name, node.output[i], name)
@@ -264,6 +284,11 @@ class _QdqGraph:
         if bias.shape != scales.shape:
             return None
         act_scale = float(self.act_scales.get(node.input[0], self.default_scale))
+        if self.precision.get(node.input[0]) == "int16":
+            act_scale = act_scale * QMAX / QMAX16
+            fits = np.abs(bias) / (scales.astype(np.float64) * act_scale) <= BIAS_QMAX
+            if not np.all(fits):
+                return None  # kept in float: int32 cannot hold it at the finer int16 steps
         bscale = (scales.astype(np.float64) * act_scale).astype(np.float32)
         # clipped, never wrapped (bias_safe_scales makes the clip a no-op)
         qb = np.clip(np.rint(bias / bscale), -BIAS_QMAX, BIAS_QMAX).astype(np.int32)
@@ -300,6 +325,8 @@ class _QdqGraph:
             if name in acts:
                 inputs[i] = self.act_dq(name)
         widx = WEIGHT_OPS.get(node.op_type)
+        if self.precision.get(node.input[0]) == "float":
+            widx = None  # the op runs in float (on the CPU): its weights stay float too
         if widx is not None and inputs[widx] in self.inits:
             inputs[widx], scales = self.weight_dq(node, inputs[widx])
             bidx = 2
@@ -323,14 +350,24 @@ class _QdqGraph:
 
 
 def quantize_model(
-    model: onnx.ModelProto, act_scales: Mapping[str, float], default_scale: float
+    model: onnx.ModelProto,
+    act_scales: Mapping[str, float],
+    default_scale: float,
+    precision: Mapping[str, str] | None = None,
 ) -> onnx.ModelProto:
-    """Return a Q/DQ copy of `model` (float ONNX from `export_onnx`)."""
+    """Return a Q/DQ copy of `model` (float ONNX from `export_onnx`); `precision` names the
+    activation tensors kept in int16 or float (all others int8)."""
+    precision = {k: v for k, v in (precision or {}).items() if v != "int8"}
+    bad = sorted({v for v in precision.values() if v not in PRECISIONS})
+    if bad:
+        raise QuantizationError(f"precision must be one of {PRECISIONS}, not {bad}")
+    if "int16" in precision.values():
+        model = _at_int16_opset(model)
     act_scales = effective_scales(model, act_scales, default_scale)
     model_q = onnx.ModelProto()
     model_q.CopyFrom(model)
     graph = model_q.graph
-    qdq = _QdqGraph(graph, act_scales, default_scale)
+    qdq = _QdqGraph(graph, act_scales, default_scale, precision)
     qdq.requant = set(requant_points(model))
     qdq.quantized = set(activation_inputs(model))
     for node in graph.node:
@@ -340,19 +377,42 @@ def quantize_model(
     kept = [i for i in graph.initializer if i.name not in qdq.remove]
     del graph.initializer[:]
     graph.initializer.extend(kept + qdq.new_inits)
-    verify_quantized(model_q)
+    verify_quantized(model_q, {k for k, v in precision.items() if v == "float"})
     return model_q
 
 
-def verify_quantized(model: onnx.ModelProto) -> None:
-    """Every quantizable op must read only dequantized (or constant bias) inputs."""
+def _at_int16_opset(model: onnx.ModelProto) -> onnx.ModelProto:
+    """The float graph converted to INT16_OPSET (ONNX's own version converter: the same
+    results), so its Q/DQ pairs may be int16."""
+    from onnx import version_converter
+
+    current = max((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), default=0)
+    if current >= INT16_OPSET:
+        return model
+    try:
+        return version_converter.convert_version(model, INT16_OPSET)
+    except Exception as exc:  # noqa: BLE001  (the converter raises plain exceptions)
+        raise QuantizationError(
+            f"int16 needs opset {INT16_OPSET} (QuantizeLinear with int16) and this graph does "
+            f"not convert from opset {current} ({type(exc).__name__}: {exc}). Fix: keep these "
+            "tensors int8, or float with options={'float': [...]}"
+        ) from exc
+
+
+def verify_quantized(model: onnx.ModelProto, float_ok: set[str] = frozenset()) -> None:
+    """Every quantizable op must read only dequantized (or constant bias) inputs, but for the
+    tensors the caller chose to keep in float (`float_ok`)."""
     produced_by = {out: node.op_type for node in model.graph.node for out in node.output}
     problems = []
     for node in model.graph.node:
         if node.op_type not in QUANT_OPS:
             continue
+        if node.input and node.input[0] in float_ok:
+            continue  # chosen to run in float, weights included
         n_checked = 1 if node.op_type in POOL_OPS else 2
         for name in node.input[:n_checked]:
+            if name in float_ok:
+                continue
             if produced_by.get(name) != "DequantizeLinear":
                 problems.append(f"{node.op_type} {node.name!r} input {name!r}")
     if problems:

@@ -55,6 +55,8 @@ class PartitionRuntime(torch.nn.Module):
         self.entry = entry
         self.scales: dict[str, float] | None = None
         """Set by calibrate() or found on the first call (`_find_scales`); kept across rebuilds."""
+        self.precision: dict[str, str] = {}
+        """Activation tensors kept in int16 or float (calibrate(target=...)); int8 else."""
         self._guessed_scales = False
         """self.scales were measured on one first call (not by calibrate() or a record)."""
         self.last_build: builder.BuildResult | None = None
@@ -133,8 +135,14 @@ class PartitionRuntime(torch.nn.Module):
         self._exec = None
         self._frozen = None
 
-    def set_scales(self, scales: dict[str, float], source: str = "calibrate()") -> None:
+    def set_scales(
+        self,
+        scales: dict[str, float],
+        source: str = "calibrate()",
+        precision: dict[str, str] | None = None,
+    ) -> None:
         self.scales = dict(scales)
+        self.precision = dict(precision or {})
         self._calibrated(source)
         self.invalidate()
 
@@ -159,6 +167,7 @@ class PartitionRuntime(torch.nn.Module):
             found = given.for_partition(spec.fingerprint)
             if found is not None:
                 self.scales = found
+                self.precision = given.precision_for(spec.fingerprint)
                 self._calibrated("options={'calibration': ...}")
                 return
         cache_dir = settings.cache_dir if settings.cache else None
@@ -167,6 +176,7 @@ class PartitionRuntime(torch.nn.Module):
         if hit is not None:
             record, where = hit
             self.scales = record.scales
+            self.precision = dict(record.precision)
             self._calibrated(f"{record.source}; found in the {where} store", guessed=record.guessed)
             return
         # the same graph at another input shape: scales carried over by tensor position
@@ -181,6 +191,8 @@ class PartitionRuntime(torch.nn.Module):
                 carried = stored.carry(scales, old_names, names) if scales else None
                 if carried is not None:
                     self.scales = carried
+                    if hit is not None and not family:
+                        self.precision = stored.carry_precision(hit[0].precision, old_names, names)
                     self._calibrated(
                         f"{source}; carried over from another input shape",
                         guessed=source.startswith(stored.FIRST_CALL),
@@ -222,6 +234,37 @@ class PartitionRuntime(torch.nn.Module):
                 stacklevel=5,
             )
 
+    def _with_manual_precision(self, host: Sequence[torch.Tensor]) -> dict[str, str]:
+        """The precision map for this build (`effective_precision` of its float graph)."""
+        settings = self.settings
+        if not settings.quantize or not (settings.int16 or settings.float):
+            return dict(self.precision)
+        return self.effective_precision(builder.export_float(self.spec, host))
+
+    def effective_precision(self, model) -> dict[str, str]:
+        """Calibration's choice, then options={"int16": [...], "float": [...]} over it (float
+        wins), for this partition's float ONNX `model`; a pattern that names no layer of this
+        partition is said once."""
+        from torch_fl.bpu.conversion.layer_select import select
+
+        settings = self.settings
+        precision = dict(self.precision)
+        for level, patterns in (("int16", settings.int16), ("float", settings.float)):
+            if not patterns:
+                continue
+            chosen, unused = select(self.spec.gm, model, patterns)
+            precision.update(dict.fromkeys(chosen, level))
+            for pattern in sorted(unused):
+                if stored.STORE.first_warning(f"{self.spec.fingerprint}:{level}:{pattern}"):
+                    warnings.warn(
+                        f"torch_fl.bpu: options {level}={pattern!r} names no layer of partition "
+                        f"{self.spec.index}: not a module path glob (explain() and "
+                        "layer_report() show the paths), an op type (Conv, Gemm, MatMul) or an "
+                        "ONNX tensor name",
+                        stacklevel=5,
+                    )
+        return precision
+
     def _prepare(self, args: Sequence[torch.Tensor]) -> None:
         kind = self.planned
         settings = self.settings
@@ -244,9 +287,11 @@ class PartitionRuntime(torch.nn.Module):
                 self._find_scales(host)
             else:
                 self._calibrated("quantize=False", "float")
+            precision = self._with_manual_precision(host)
             result = builder.build(
-                self.spec, host, settings, self.scales, how.needs_hbm, compile_artifact
-            )
+                self.spec, host, settings, self.scales, how.needs_hbm, compile_artifact,
+                precision,
+            )  # fmt: skip
             executor = make_executor(how, self.spec, settings, result)
             if device is not None:
                 executor = OnDevice(executor, device)
