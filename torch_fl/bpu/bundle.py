@@ -28,7 +28,8 @@ from typing import Any
 
 import torch
 
-from torch_fl.bpu import bundle_run, report
+import torch_fl.bpu.bundle_run as bundle_run
+import torch_fl.bpu.report as report
 from torch_fl.bpu.errors import ExportError
 from torch_fl.bpu.runtime import partition as runtime
 from torch_fl.host_view import cpu_views
@@ -88,12 +89,12 @@ def _versions(compiler_id: str) -> dict[str, str]:
 def _trace(model: torch.nn.Module, inputs: tuple, options: dict, samples) -> tuple:
     """Compile `model`, calibrate it on `samples` (if given), and run `inputs` recording what
     reaches each partition. Returns (recorded calls, model outputs, graph reports)."""
-    import torch_fl.bpu as bpu
+    from torch_fl.bpu.calibrate import calibrate
 
     torch._dynamo.reset()
     compiled = torch.compile(model, backend="bpu", options=options)
     if samples is not None:
-        bpu.calibrate(compiled, samples)
+        calibrate(compiled, samples)
     recorder = _Recorder()
     token = runtime.CALIBRATION.set(recorder)
     try:

@@ -28,8 +28,8 @@ import numpy as np
 import onnx
 import torch
 
+import torch_fl.bpu.report as bpu_report
 from torch_fl import atomic
-from torch_fl.bpu import report as bpu_report
 from torch_fl.bpu.conversion.calibration import QMAX, RangeObserver, _cosine, _session
 from torch_fl.bpu.conversion.layer_select import module_paths
 from torch_fl.bpu.conversion.qdq import QMAX16, WEIGHT_OPS, quantize_model
