@@ -55,11 +55,13 @@ def build(c: Context, accelerator: str = "bpu", debug: bool = False) -> None:
         "quick": "a one-minute check: few repeats, small inputs, two zoo models, no peers",
     },
 )
-def bench(c: Context, json: str = "", quick: bool = False) -> None:
+def bench(c: Context, json: str | None = None, quick: bool = False) -> None:
     """Benchmarks: eager flagos vs CPU, the compile backend, and the zoo (scripts/bench_*.py)."""
     to_stdout = json == "-"
-    if json and not to_stdout:
-        check_output_file("--json", json)
+    if json is not None and not to_stdout:
+        # `--json ''` is refused (exit 2), and a relative path is the user's, not the repo's:
+        # the scripts run in the checkout
+        json = str(check_output_file("--json", json).resolve())
     # `--json -`: standard output carries the JSON alone; the benchmarks' tables go to stderr.
     streams = {"out_stream": sys.stderr} if to_stdout else {}
     # --quick: the same scripts and the same ratios, on a budget (numbers for docs come from a

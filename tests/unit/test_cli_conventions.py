@@ -245,6 +245,24 @@ def test_bench_json_dash_prints_only_the_json_on_stdout(
     assert ctx.runs and all(stream is sys.stderr for _, stream in ctx.runs)
 
 
+def test_bench_json_is_the_users_path_and_never_empty(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from invoke.exceptions import Exit
+
+    from scripts.tasks import build as build_tasks
+
+    monkeypatch.chdir(tmp_path)
+    ctx = _BenchContext()
+    build_tasks.bench.body(ctx, json="mine.json", quick=True)
+    eager = next(cmd for cmd, _ in ctx.runs if "bench_eager.py" in cmd)
+    assert f"--json {tmp_path / 'mine.json'}" in eager  # where the user ran it, not the repo
+    assert (tmp_path / "mine.json").exists()
+    with pytest.raises(Exit) as info:
+        build_tasks.bench.body(_BenchContext(), json="")
+    assert info.value.code == 2
+
+
 def _tree(root: Path) -> list[tuple[str, int]]:
     return sorted((str(p.relative_to(root)), p.stat().st_mtime_ns) for p in root.rglob("*"))
 
