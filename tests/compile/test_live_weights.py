@@ -221,11 +221,12 @@ class Wide(nn.Module):
         return self.fc2(torch.relu(self.fc1(x)))
 
 
-def _wide_compiled():
-    """A compiled Wide after its first call: (model, input, compiled, its runtime, output)."""
+def _wide_compiled(threads: int = 1):
+    """A compiled Wide after its first call: (model, input, compiled, its runtime, output).
+    One ORT thread: a CPU stays free for the checker thread."""
     model = Wide().eval()
     x = torch.randn(4, 512)
-    compiled = compile_bpu(model, executor="sim")
+    compiled = compile_bpu(model, executor="sim", sim_threads=threads)
     with report.collect() as reps, torch.no_grad():
         before = compiled(x)
     return model, x, compiled, reps[0].runtimes[0], before
@@ -247,6 +248,17 @@ def test_background_check_sees_changes_that_bump_no_version(idiom):
     assert torch.equal(after, _fresh(model, x, "sim"))
 
 
+def test_no_free_cpu_beside_the_executor_checks_before_the_call():
+    """ORT on every CPU (sim_threads=0): a checker thread would only share a core with it."""
+    from torch_fl.bpu.conversion import freezing
+
+    model, x, compiled, rt, before = _wide_compiled(threads=freezing._usable_cpus())
+    with torch.no_grad():
+        assert not rt._frozen.overlap
+        _copy_data(model)
+        assert not torch.allclose(compiled(x), before) and rt.builds == 2
+
+
 def test_one_usable_cpu_checks_before_the_call(monkeypatch):
     from torch_fl.bpu.conversion import freezing
 
@@ -265,7 +277,7 @@ from tests.compile.bpu_helpers import compile_bpu
 from torch_fl.bpu.conversion import freezing
 model = Wide().eval()
 x = torch.randn(4, 512)
-compiled = compile_bpu(model, executor="sim")
+compiled = compile_bpu(model, executor="sim", sim_threads=1)
 with torch.no_grad():
     before = compiled(x)  # the parent's checker thread exists now
 assert compiled._orig_mod is model and freezing._pool is not None

@@ -9,8 +9,9 @@ taken when the weights were baked. One pass reading the weights once, at memory 
 leaves the 128-bit fingerprint equal is a 2^-128 event for any change not built to collide;
 `sim_weights="live"` (quantize in the graph on every call) rules out even that, at float speed.
 
-Where the weights are large (>= OVERLAP_BYTES) and this process may use two CPUs, the check runs
-on a checker thread while the partition runs, and the caller waits for both before returning:
+Where the weights are large (>= OVERLAP_BYTES) and a CPU is free beside the executor's own (sim
+with fewer ORT threads than CPUs, or the board's BPU), the check runs on a checker thread while
+the partition runs, and the caller waits for both before returning:
 a changed weight still discards the result and rebuilds, but the check no longer adds its
 memory-bound pass to the latency (the partition's executor reads only its own baked copy).
 """
@@ -88,7 +89,12 @@ class FrozenWeights:
 
     __slots__ = ("entries", "_digest", "overlap")
 
-    def __init__(self, positions: Sequence[int], args: Sequence[torch.Tensor]) -> None:
+    def __init__(
+        self, positions: Sequence[int], args: Sequence[torch.Tensor], busy_cpus: int = 1
+    ) -> None:
+        """`busy_cpus`: how many CPUs the partition's own executor keeps busy while it runs (the
+        check overlaps it only where one more is free; otherwise both would share a core and
+        the overlap would only add switching)."""
         self._digest = _hasher()
         self.entries = tuple(
             (
@@ -104,7 +110,7 @@ class FrozenWeights:
             for pos in positions
         )
         nbytes = sum(args[pos].numel() * args[pos].element_size() for pos in positions)
-        self.overlap = nbytes >= OVERLAP_BYTES and _usable_cpus() >= 2
+        self.overlap = nbytes >= OVERLAP_BYTES and _usable_cpus() > max(busy_cpus, 1)
         """Check beside the call (`check_in_background`) rather than before it."""
 
     def check_in_background(self, args: Sequence[torch.Tensor]) -> Callable[[], bool]:

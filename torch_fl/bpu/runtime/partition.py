@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextvars
 import logging
+import os
 import warnings
 from collections.abc import Sequence
 from typing import Any
@@ -322,8 +323,25 @@ class PartitionRuntime(torch.nn.Module):
             {"path": kernels.path, "reason": kernels.reason} if kernels is not None else None
         )
         baked = how.baked_weights(settings)
-        self._frozen = FrozenWeights(self.spec.frozen_positions, args) if baked else None
+        self._frozen = (
+            FrozenWeights(self.spec.frozen_positions, args, _busy_cpus(kind, settings))
+            if baked
+            else None
+        )
         self._set_kind(kind)
+
+
+def _busy_cpus(kind: str, settings: BpuSettings) -> int:
+    """CPUs the executor itself keeps busy: the sim executor's ORT threads (0: ORT's default,
+    every CPU), one for the others (the hbm executor waits on the BPU)."""
+    if kind != "sim":
+        return 1
+    if settings.sim_threads:
+        return settings.sim_threads
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
 
 
 def _has_zero_size(args: Sequence[torch.Tensor], output_shapes: Sequence) -> bool:
