@@ -76,6 +76,7 @@ def bench(c: Context, json: str | None = None, quick: bool = False) -> None:
          " --iters 3 --no-inductor --no-pt2e --json out/quick/bench_sim.json" if quick
          else " --json out/bench_sim.json"),
         ("bench_public_zoo.py", None if quick else " --json out/bench_public_zoo.json"),
+        ("bench_trained.py", None if quick else " --json out/bench_trained.json"),
     ]  # fmt: skip
     with tempfile.TemporaryDirectory() as tmp, c.cd(str(ROOT)):
         dest = str(Path(tmp) / "eager.json") if to_stdout else json
