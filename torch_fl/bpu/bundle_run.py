@@ -10,7 +10,8 @@ From Python: `load(bundle)(x=array)` -> {output name: array}. Every file's sha25
 against the manifest before anything loads (a corrupt or partial copy is refused, naming the
 file). The `hbm_runtime` path runs `model.hbm` (the BPU); `onnxruntime` runs `model.onnx`, the
 int8 Q/DQ graph the .hbm was compiled from (the reference numerics, on the host CPU).
-Standard library and numpy only; imports nothing from torch_fl.
+Standard library and numpy only (inside torch_fl its error is an ArtifactError; on a board it
+stands alone).
 """
 
 from __future__ import annotations
@@ -27,7 +28,13 @@ MANIFEST = "manifest.json"
 FORMAT = "torch-fl-bundle/1"
 
 
-class BundleError(RuntimeError):
+try:  # inside torch_fl: one of its errors (every torch_fl.bpu error is a BpuError)
+    from torch_fl.bpu.errors import ArtifactError as _Base
+except Exception:  # noqa: BLE001  (a board without torch or torch_fl: run.py stands alone)
+    _Base = RuntimeError
+
+
+class BundleError(_Base):
     """The bundle is incomplete, corrupt, or cannot run with the runtime asked for."""
 
 
