@@ -17,6 +17,7 @@ from torch import nn
 import torch_fl.bpu as bpu
 from tests.compile.bpu_helpers import STANDINS, cosine
 from tests.compile.test_drivers import libhbtl, x86  # noqa: F401  (fixtures: hbdk4 stand-in)
+from torch_fl.atomic import sha256_file
 from torch_fl.bpu import bundle
 from torch_fl.bpu.errors import CalibrationError, ExportError
 
@@ -66,7 +67,7 @@ def test_export_load_and_run_without_torch(tmp_path: Path) -> None:
     assert manifest["quantization"]["calibration"]["state"] == "calibrated"
     assert set(manifest["files"]) == {"model.onnx", "run.py"}
     for name, digest in manifest["files"].items():
-        assert bundle._sha256(path / name) == digest
+        assert sha256_file(path / name) == digest
     with torch.no_grad():
         ref = model(x)
     loaded = bpu.load(path)

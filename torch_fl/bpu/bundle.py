@@ -16,7 +16,6 @@ leaves nothing half-written, and an existing bundle is replaced only with overwr
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import secrets
@@ -30,6 +29,7 @@ import torch
 
 import torch_fl.bpu.bundle_run as bundle_run
 import torch_fl.bpu.report as report
+from torch_fl.atomic import sha256_file
 from torch_fl.bpu.errors import ExportError
 from torch_fl.bpu.runtime import partition as runtime
 from torch_fl.host_view import cpu_views
@@ -57,14 +57,6 @@ def _tensors(value: Any) -> list[torch.Tensor]:
         return [t for v in value.values() for t in _tensors(v)]
     raise ExportError(f"export: the model returns a {type(value).__name__}; a bundle takes "
                       "tensors, or tuples/lists/dicts of them")  # fmt: skip
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def _versions(compiler_id: str) -> dict[str, str]:
@@ -117,37 +109,41 @@ def _one_partition(calls, out, graphs, inputs: tuple):
             "Fix: torch_fl.bpu.explain(model, *inputs) shows why each op stays on the CPU"
         )
     part, args = calls[0]
-    runtime_args = [args[p] for p in part.spec.runtime_positions]
     order = []
-    for arg in runtime_args:
-        match = [i for i, x in enumerate(inputs) if x is arg] or [
-            i for i, x in enumerate(inputs)
-            if x.shape == arg.shape and x.dtype == arg.dtype and torch.equal(x, arg)
-        ]  # fmt: skip
-        if not match:
+    for arg in (args[p] for p in part.spec.runtime_positions):
+        found = _find(arg, inputs)
+        if found is None:
             raise ExportError(
                 "export: the partition reads a tensor computed from the inputs on the host "
                 "(a reshape or a cast before the first BPU op); a bundle feeds the model's "
                 "inputs straight to the BPU. Fix: move that step out of the model"
             )
-        order.append(match[0])
+        order.append(found)
     with torch.no_grad():
         part_out = part.eager(*args)
     part_out = list(part_out) if isinstance(part_out, (tuple, list)) else [part_out]
-    model_out = _tensors(out)
     positions = []
-    for t in model_out:
-        match = [
-            i for i, p in enumerate(part_out)
-            if p.shape == t.shape and p.dtype == t.dtype and torch.equal(p, t)
-        ]  # fmt: skip
-        if not match:
+    for t in _tensors(out):
+        found = _find(t, part_out)
+        if found is None:
             raise ExportError(
                 "export: a model output is computed on the host after the BPU partition (a "
                 "view, a slice or a dtype change). Fix: return the partition's result as it is"
             )
-        positions.append(match[0])
-    return part, args, order, positions
+        positions.append(found)
+    return part, args, order, [(p, part_out[p]) for p in positions]
+
+
+def _find(tensor: torch.Tensor, candidates) -> int | None:
+    """Where `tensor` is among `candidates`: the same object, else the same shape, dtype and
+    values (first match); None if nowhere."""
+    for i, c in enumerate(candidates):
+        if c is tensor:
+            return i
+    for i, c in enumerate(candidates):
+        if c.shape == tensor.shape and c.dtype == tensor.dtype and torch.equal(c, tensor):
+            return i
+    return None
 
 
 def _argument_names(model: torch.nn.Module, count: int) -> list[str]:
@@ -165,7 +161,8 @@ def _argument_names(model: torch.nn.Module, count: int) -> list[str]:
     return names if len(set(names)) == count else [f"input_{i}" for i in range(count)]
 
 
-def _manifest(part, args, order, positions, renames, name, compiler_id, hbm: bool) -> dict:
+def _manifest(part, args, order, outputs, renames, name, compiler_id, hbm: bool) -> dict:
+    """`outputs`: (partition output index, its tensor) per model output, in the model's order."""
     spec = part.spec
     scales = dict(part.scales or {})
     runtime_args = [args[p] for p in spec.runtime_positions]
@@ -180,17 +177,14 @@ def _manifest(part, args, order, positions, renames, name, compiler_id, hbm: boo
         }
         for i, (onnx_name, t) in enumerate(zip(spec.input_names, runtime_args, strict=True))
     ]
-    with torch.no_grad():
-        part_out = part.eager(*args)
-    part_out = list(part_out) if isinstance(part_out, (tuple, list)) else [part_out]
     outs = [
         {
             "name": spec.output_names[p],
             "tensor": spec.output_names[p],
-            "shape": list(part_out[p].shape),
-            "dtype": str(part_out[p].dtype).removeprefix("torch."),
+            "shape": list(t.shape),
+            "dtype": str(t.dtype).removeprefix("torch."),
         }
-        for p in positions
+        for p, t in outputs
     ]
     manifest = {
         "format": bundle_run.FORMAT,
@@ -272,7 +266,7 @@ def export(
         "compile_artifact": "always" if info.kind != "none" else "never",
     }
     calls, out, graphs = _trace(model, example_inputs, opts, samples)
-    part, args, order, positions = _one_partition(calls, out, graphs, example_inputs)
+    part, args, order, outputs = _one_partition(calls, out, graphs, example_inputs)
     host = cpu_views(args) if any(t.device.type != "cpu" for t in args) else args
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -295,10 +289,10 @@ def export(
             shutil.copyfile(hbm, tmp / MODEL_HBM)
         shutil.copyfile(bundle_run.__file__, tmp / RUNNER)
         manifest = _manifest(
-            part, host, order, positions, renames, name or type(model).__name__,
+            part, host, order, outputs, renames, name or type(model).__name__,
             built.compiler_id, hbm is not None,
         )  # fmt: skip
-        manifest["files"] = {f.name: _sha256(f) for f in sorted(tmp.iterdir())}
+        manifest["files"] = {f.name: sha256_file(f) for f in sorted(tmp.iterdir())}
         (tmp / bundle_run.MANIFEST).write_text(json.dumps(manifest, indent=1), encoding="utf-8")
         _place(tmp, dest, overwrite)
     finally:
