@@ -1,7 +1,9 @@
 """Find import cycles among the repository's own modules, statically (from `ast`, nothing runs).
 
 Every `import`/`from ... import` counts, wherever it stands (a function-local import still ties
-the two modules together). A cycle is a strongly connected component of more than one module.
+the two modules together), and counts strictly: each namespace it reads is an edge, so `import
+pkg.mod` and `from pkg import mod` depend on pkg's __init__ as well as on pkg.mod (see
+`_imported`). A cycle is a strongly connected component of more than one module.
 
     python scripts/check_imports.py [REPO]      # exit 1 and one line per new cycle
 
@@ -22,6 +24,7 @@ ROOTS = ("torch_fl", "provision", "scripts")
 KNOWN_CYCLES: frozenset[tuple[str, ...]] = frozenset()
 
 Graph = dict[str, set[str]]
+Bindings = Mapping[str, "set[str] | None"]
 
 
 def module_name(path: Path, repo: Path) -> str:
@@ -78,30 +81,51 @@ def package_bindings(name: str, tree: ast.Module) -> set[str] | None:
     return bound
 
 
+def _ours(name: str, modules: Mapping[str, Path]) -> str:
+    """The module of ours a dotted name lies in (`a.b.func` -> `a.b`); "" when none."""
+    while name and name not in modules:
+        name = name.rpartition(".")[0]
+    return name
+
+
+def _extension(name: str, modules: Mapping[str, Path], bindings: Bindings) -> bool:
+    """Whether `name` is a compiled submodule of one of our packages (torch_fl._C): no source,
+    so it imports nothing of ours, and the package's __init__ does not bind it itself."""
+    parent, _, last = name.rpartition(".")
+    if name in modules or parent not in bindings:
+        return False
+    bound = bindings[parent]
+    return bound is not None and last not in bound
+
+
 def _imported(
     node: ast.AST,
     package: str,
     modules: Mapping[str, Path],
-    bindings: Mapping[str, set[str] | None] | None = None,
+    bindings: Bindings | None = None,
 ) -> list[str]:
-    """The dotted names one import statement refers to (possibly not modules of ours)."""
+    """The modules of ours one import statement makes its module depend on, counted strictly.
+
+    Every namespace the statement reads is an edge, because that module must have run first:
+    `import a.b.c` (with or without `as`) reads `a`, then `a.b`, then `a.b.c`; `from a.b import
+    c` reads `a.b` (and runs `a.b.c` when that is a submodule). So a submodule that imports a
+    sibling as `from pkg import sibling` depends on pkg's __init__; one that imports names from
+    the sibling itself (`from pkg.sibling import name`) does not.
+    """
+    bindings = bindings or {}
     if isinstance(node, ast.Import):
-        return [alias.name for alias in node.names]
+        found = []
+        for alias in node.names:
+            parts = alias.name.split(".")
+            found += [".".join(parts[: n + 1]) for n in range(len(parts))]
+        return [_ours(name, modules) for name in found]
     if not isinstance(node, ast.ImportFrom):
         return []
     base = _from_base(node, package)
-    found = []
-    for alias in node.names:
-        # `from pkg import name` imports the submodule pkg.name when there is one; a name the
-        # package's __init__ does not bind is a submodule with no Python source (a compiled
-        # extension such as torch_fl._C), which imports nothing of ours; else pkg itself
-        if f"{base}.{alias.name}" in modules:
-            found.append(f"{base}.{alias.name}")
-        elif bindings is None or base not in bindings:
-            found.append(base)
-        else:
-            bound = bindings[base]
-            found.append(base if bound is None or alias.name in bound else "")
+    if _extension(base, modules, bindings):
+        return []  # `from pkg._C import f`: the extension's own namespace
+    found = [_ours(base, modules)]
+    found += [f"{base}.{a.name}" for a in node.names if f"{base}.{a.name}" in modules]
     return found
 
 
@@ -123,8 +147,6 @@ def build_graph(modules: Mapping[str, Path]) -> Graph:
         package = name if path.name == "__init__.py" else name.rpartition(".")[0]
         for node in ast.walk(trees[name]):
             for target in _imported(node, package, modules, bindings):
-                while target and target not in modules:  # `a.b.func` -> module `a.b`
-                    target = target.rpartition(".")[0]
                 if target and target != name:
                     graph[name].add(target)
     return graph

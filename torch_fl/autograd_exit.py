@@ -27,8 +27,8 @@ import os
 
 import torch
 
-from torch_fl import envfile
 from torch_fl.device import DEVICE_TYPE
+from torch_fl.envfile import get as envfile_get
 
 __all__ = ["device_thread_running", "drain_device_threads", "install"]
 
@@ -76,7 +76,7 @@ def drain_device_threads() -> bool:
 
 def _drain_at_exit() -> None:
     try:
-        if (envfile.get("FLAGOS_EXIT_DRAIN") or "1").strip() == "0":
+        if (envfile_get("FLAGOS_EXIT_DRAIN") or "1").strip() == "0":
             return
         drain_device_threads()
     except Exception:  # noqa: BLE001 - an exit hook must never turn a clean exit into a crash

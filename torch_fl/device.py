@@ -18,7 +18,18 @@ from typing import Any
 
 import torch
 
-from torch_fl import _C
+# Names from the extension itself, not `from torch_fl import _C`: torch_fl/__init__.py imports
+# this module, so reading the package's namespace here would tie the two in a cycle.
+from torch_fl._C import (
+    _current_device,
+    _default_generator,
+    _device_count,
+    _empty_cache,
+    _memory_backend,
+    _page_size,
+    _set_device,
+    _ucp_library,
+)
 
 DEVICE_TYPE = "flagos"
 
@@ -65,7 +76,7 @@ __all__ = [
 def _index(dev: Any = None) -> int:
     """Device index of `dev` (None, int, str or torch.device); flagos only, and in range."""
     if dev is None:
-        return _C._current_device()
+        return _current_device()
     if isinstance(dev, bool) or not isinstance(dev, (int, str, torch.device)):
         raise TypeError(
             f"expected a flagos device (an index, 'flagos:0' or a torch.device), got {dev!r}"
@@ -76,11 +87,11 @@ def _index(dev: Any = None) -> int:
         d = torch.device(dev)
         if d.type != DEVICE_TYPE:
             raise ValueError(f"expected a flagos device, got {d}; use 'flagos' or 'flagos:0'")
-        idx = _C._current_device() if d.index is None else d.index
-    if not 0 <= idx < _C._device_count():
+        idx = _current_device() if d.index is None else d.index
+    if not 0 <= idx < _device_count():
         raise ValueError(
             f"flagos device index {idx} is out of range: this board exposes "
-            f"{_C._device_count()} flagos device(s); use 'flagos' or 'flagos:0'"
+            f"{_device_count()} flagos device(s); use 'flagos' or 'flagos:0'"
         )
     return idx
 
@@ -106,15 +117,15 @@ def _is_in_bad_fork() -> bool:
 
 
 def device_count() -> int:
-    return _C._device_count()
+    return _device_count()
 
 
 def current_device() -> int:
-    return _C._current_device()
+    return _current_device()
 
 
 def set_device(dev: Any) -> None:
-    _C._set_device(_index(dev))
+    _set_device(_index(dev))
 
 
 class device:  # noqa: N801 - mirrors torch.cuda.device
@@ -143,7 +154,7 @@ def get_amp_supported_dtype() -> list[torch.dtype]:
 
 def memory_backend() -> str:
     """ "ucp" when the board's libhbucp allocator is in use, else "host"."""
-    return _C._memory_backend()
+    return _memory_backend()
 
 
 # --- streams and events -------------------------------------------------------------------
@@ -207,7 +218,7 @@ def stream(s: torch.Stream | None) -> StreamContext:
 
 
 def _generator(dev: Any = None) -> torch.Generator:
-    return _C._default_generator(_index(dev))
+    return _default_generator(_index(dev))
 
 
 def manual_seed(seed: int) -> None:
@@ -216,7 +227,7 @@ def manual_seed(seed: int) -> None:
 
 def manual_seed_all(seed: int) -> None:
     for idx in range(device_count()):
-        _C._default_generator(idx).manual_seed(int(seed))
+        _default_generator(idx).manual_seed(int(seed))
 
 
 def seed() -> int:
@@ -227,7 +238,7 @@ def seed_all() -> None:
     """Seed every flagos device with one fresh non-deterministic seed."""
     fresh = _generator(0).seed()
     for idx in range(1, device_count()):
-        _C._default_generator(idx).manual_seed(fresh)
+        _default_generator(idx).manual_seed(fresh)
 
 
 def _get_generator(device: torch.device) -> torch.Generator:
@@ -286,7 +297,7 @@ def reset_accumulated_memory_stats(device: Any = None) -> None:
 
 def empty_cache() -> None:
     """Return cached device blocks to the runtime (UCP or host)."""
-    _C._empty_cache()
+    _empty_cache()
 
 
 def mem_get_info(device: Any = None) -> tuple[int, int]:
@@ -361,8 +372,8 @@ def get_device_properties(device: Any = None) -> DeviceProperties:
         index=idx,
         total_memory=mem_get_info(idx)[1],
         memory_backend=memory_backend(),
-        ucp_library=_C._ucp_library() or None,
-        page_size=_C._page_size(),
+        ucp_library=_ucp_library() or None,
+        page_size=_page_size(),
     )
 
 

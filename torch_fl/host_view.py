@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from torch_fl import _C
+from torch_fl._C import _cpu_view, _from_cpu
 from torch_fl.device import DEVICE_TYPE
 
 
@@ -24,7 +24,7 @@ def cpu_view(tensor: torch.Tensor) -> torch.Tensor:
     """`tensor` itself if it is not on flagos, else a zero-copy CPU view of it (detached)."""
     if tensor.device.type != DEVICE_TYPE:
         return tensor
-    return _C._cpu_view(tensor.detach())
+    return _cpu_view(tensor.detach())
 
 
 def cpu_views(args: Sequence[Any]) -> tuple[Any, ...]:
@@ -42,4 +42,4 @@ def device_of(args: Sequence[Any]) -> torch.device | None:
 
 def to_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
     """A CPU result as a flagos tensor on `device` (adopted without a copy on host memory)."""
-    return _C._from_cpu(tensor, device.index or 0)
+    return _from_cpu(tensor, device.index or 0)

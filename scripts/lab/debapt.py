@@ -12,7 +12,7 @@ import os
 import subprocess
 from pathlib import Path
 
-from scripts.lab import cache
+from scripts.lab.cache import cache_root
 
 MIRROR = os.environ.get("TORCH_FL_LAB_MIRROR", "http://deb.debian.org/debian")
 KEYRING = "/usr/share/keyrings/debian-archive-keyring.gpg"
@@ -24,7 +24,7 @@ class AptError(RuntimeError):
 
 class PrivateApt:
     def __init__(self, name: str, suites: list[str], native_arch: str, archs: list[str]) -> None:
-        self.root = cache.cache_root() / "apt" / name
+        self.root = cache_root() / "apt" / name
         self.suites = suites
         self.native_arch = native_arch
         self.archs = archs

@@ -18,7 +18,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from scripts.lab import cache, debapt, rootfs
+from scripts.lab.cache import get_or_build, lookup
+from scripts.lab.debapt import MIRROR, PrivateApt
+from scripts.lab.rootfs import pack_cpio
 
 SUITE = "trixie"
 PAGE_SIZES = {"16k": 16384, "64k": 65536}
@@ -110,8 +112,8 @@ def _log(msg: str) -> None:
     print(f"[lab.kernel] {msg}", flush=True)
 
 
-def _apt() -> debapt.PrivateApt:
-    return debapt.PrivateApt(f"{SUITE}-arm64", [SUITE], "arm64", ["arm64"])
+def _apt() -> PrivateApt:
+    return PrivateApt(f"{SUITE}-arm64", [SUITE], "arm64", ["arm64"])
 
 
 def inputs(page_size: str) -> dict[str, Any]:
@@ -121,7 +123,7 @@ def inputs(page_size: str) -> dict[str, Any]:
             "suite": SUITE,
             "package": "linux-image-arm64-16k",
             "modules": MODULES_16K,
-            "mirror": debapt.MIRROR,
+            "mirror": MIRROR,
         }
     if page_size == "64k":
         return {
@@ -129,16 +131,16 @@ def inputs(page_size: str) -> dict[str, Any]:
             "suite": SUITE,
             "source": "linux-source",
             "config": CONFIG_64K,
-            "mirror": debapt.MIRROR,
+            "mirror": MIRROR,
         }
     raise KernelError(f"page size {page_size!r} is not supported; use one of 16k, 64k")
 
 
 def cached(page_size: str) -> Path | None:
-    return cache.lookup("kernel", inputs(page_size))
+    return lookup("kernel", inputs(page_size))
 
 
-def _image_package(apt: debapt.PrivateApt) -> str:
+def _image_package(apt: PrivateApt) -> str:
     # The meta package depends on the versioned image, e.g. linux-image-6.12.117+deb13-arm64-16k.
     for dep in apt.depends("linux-image-arm64-16k"):
         name = dep.split()[0]
@@ -176,7 +178,7 @@ def _build_16k(product: Path) -> dict[str, Any]:
     # trixie is merged-/usr: /lib is a link to usr/lib in the root file system.
     (mods / "usr").mkdir()
     (mods / "lib").rename(mods / "usr/lib")
-    rootfs.pack_cpio(mods, product / "modules.cpio.gz")
+    pack_cpio(mods, product / "modules.cpio.gz")
     shutil.rmtree(mods)
     shutil.rmtree(tree)
     shutil.rmtree(product / "deb")
@@ -253,4 +255,4 @@ def ensure(page_size: str) -> tuple[Path, bool]:
         meta = builder(product)
         return {**meta, "build_s": round(time.monotonic() - started, 1)}
 
-    return cache.get_or_build("kernel", inputs(page_size), timed)
+    return get_or_build("kernel", inputs(page_size), timed)

@@ -24,7 +24,9 @@ from pathlib import Path
 from typing import Any
 
 from provision import light
-from scripts.lab import binfmt, cache, debapt
+from scripts.lab.binfmt import ensure_aarch64
+from scripts.lab.cache import get_or_build, lookup
+from scripts.lab.debapt import MIRROR, PrivateApt
 
 atomic = light.load("atomic")
 
@@ -94,12 +96,12 @@ def inputs() -> dict[str, Any]:
         "excludes": EXCLUDES,
         "init": INIT,
         "sshd": SSHD_CONF,
-        "mirror": debapt.MIRROR,
+        "mirror": MIRROR,
     }
 
 
 def cached() -> Path | None:
-    found = cache.lookup("rootfs", inputs())
+    found = lookup("rootfs", inputs())
     return found / "rootfs.cpio.gz" if found else None
 
 
@@ -110,7 +112,7 @@ def _log(msg: str) -> None:
 def _build_repo(dest: Path) -> list[str]:
     names: list[str] = []
     for suite, arch, pkgs, closure in REPO_SETS:
-        apt = debapt.PrivateApt(f"{suite}-{arch}", [suite], arch, [arch])
+        apt = PrivateApt(f"{suite}-{arch}", [suite], arch, [arch])
         apt.update()
         debs = apt.download_closure(pkgs, dest) if closure else apt.download(pkgs, dest)
         names += [d.name for d in debs]
@@ -176,7 +178,7 @@ def pack_cpio(root: Path, out: Path) -> None:
 
 def build(product: Path) -> dict[str, Any]:
     started = time.monotonic()
-    binfmt.ensure_aarch64()
+    ensure_aarch64()
     root = product / "root"
     repo_debs = _build_repo(product / "repo-staging")
     argv = [
@@ -192,7 +194,7 @@ def build(product: Path) -> dict[str, Any]:
         '--aptopt=Acquire::Languages "none"',
         SUITE,
         str(root),
-        f"deb {debapt.MIRROR} {SUITE} main",
+        f"deb {MIRROR} {SUITE} main",
     ]
     _log("mmdebstrap " + SUITE + " arm64+amd64 (several minutes on 2 cores)")
     log = product / "mmdebstrap.log"
@@ -220,5 +222,5 @@ def build(product: Path) -> dict[str, Any]:
 
 def ensure() -> tuple[Path, bool]:
     """The cached rootfs archive, building it first when missing; (path, built_now)."""
-    product, built = cache.get_or_build("rootfs", inputs(), build)
+    product, built = get_or_build("rootfs", inputs(), build)
     return product / "rootfs.cpio.gz", built

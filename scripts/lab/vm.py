@@ -23,7 +23,10 @@ from pathlib import Path
 
 from provision import light
 from provision.target import HostSpec, SshTarget, TargetError
-from scripts.lab import cache, kernel, rootfs
+from scripts.lab.cache import cache_root
+from scripts.lab.kernel import ensure as ensure_kernel
+from scripts.lab.rootfs import ensure as ensure_rootfs
+from scripts.lab.rootfs import pack_cpio
 
 atomic = light.load("atomic")
 
@@ -83,7 +86,7 @@ class LabInfo:
 
 
 def state_dir() -> Path:
-    return cache.cache_root() / "run"
+    return cache_root() / "run"
 
 
 def _read_info() -> LabInfo | None:
@@ -152,7 +155,7 @@ def _keys_cpio(run: Path) -> tuple[Path, str]:
         os.chmod(dot_ssh, 0o700)
         os.chmod(dot_ssh / "authorized_keys", 0o600)
         out = run / "keys.cpio.gz"
-        rootfs.pack_cpio(overlay, out)
+        pack_cpio(overlay, out)
     return out, host_pub
 
 
@@ -273,8 +276,8 @@ def _build_products(page_size: str, timings: dict[str, float], log) -> tuple[Pat
     # mostly waits on one emulated dpkg at a time. Building them side by side fills the idle
     # core (cold timings in docs/board-lab.md).
     with ThreadPoolExecutor(max_workers=2, thread_name_prefix="lab-build") as pool:
-        kernel_job = pool.submit(_timed, kernel.ensure, page_size)
-        rootfs_job = pool.submit(_timed, rootfs.ensure)
+        kernel_job = pool.submit(_timed, ensure_kernel, page_size)
+        rootfs_job = pool.submit(_timed, ensure_rootfs)
         (kdir, kbuilt), timings["kernel_s"] = kernel_job.result()
         (archive, rbuilt), timings["rootfs_s"] = rootfs_job.result()
     log(f"kernel {'built' if kbuilt else 'cached'}: {kdir}")

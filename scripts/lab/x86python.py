@@ -19,7 +19,8 @@ import zipfile
 from pathlib import Path
 from typing import Any
 
-from scripts.lab import cache, debapt
+from scripts.lab.cache import get_or_build, metadata
+from scripts.lab.debapt import MIRROR, PrivateApt
 
 SUITE = "trixie"
 PACKAGES = ["python3.13-minimal", "libpython3.13-stdlib", "python3-pip-whl"]
@@ -29,11 +30,11 @@ TARBALL = "torch-fl-lab-cpython-3.13-x86_64-debian.tar.gz"
 
 
 def inputs() -> dict[str, Any]:
-    return {"suite": SUITE, "packages": PACKAGES, "skip": SKIP, "mirror": debapt.MIRROR}
+    return {"suite": SUITE, "packages": PACKAGES, "skip": SKIP, "mirror": MIRROR}
 
 
 def _build(product: Path) -> dict[str, Any]:
-    apt = debapt.PrivateApt(f"{SUITE}-amd64", [SUITE], "amd64", ["amd64"])
+    apt = PrivateApt(f"{SUITE}-amd64", [SUITE], "amd64", ["amd64"])
     apt.update()
     debs = apt.download_closure(PACKAGES, product / "debs")
     tree = product / "x"
@@ -74,8 +75,8 @@ def _build(product: Path) -> dict[str, Any]:
 
 def ensure() -> tuple[Path, dict[str, Any]]:
     """(tarball path, metadata) of the cached interpreter tarball, building it when missing."""
-    product, _ = cache.get_or_build("x86python", inputs(), _build)
-    return product / TARBALL, cache.metadata(product)
+    product, _ = get_or_build("x86python", inputs(), _build)
+    return product / TARBALL, metadata(product)
 
 
 def provision_pin(meta: dict[str, Any]) -> dict[str, Any]:

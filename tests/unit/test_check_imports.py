@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from scripts import check_imports
 
 REPO = Path(__file__).resolve().parents[2]
@@ -39,7 +41,7 @@ def test_acyclic_package_and_self_import(tmp_path):
         tmp_path,
         {
             "pkg/__init__.py": "from pkg import a\n",  # a package importing its submodule
-            "pkg/a.py": "import pkg.a\nfrom pkg.b import x\n",
+            "pkg/a.py": "from pkg.a import y\nfrom pkg.b import x\ny = 1\n",
             "pkg/b.py": "x = 1\n",
         },
     )
@@ -48,19 +50,60 @@ def test_acyclic_package_and_self_import(tmp_path):
     assert check_imports.cycles(graph) == []
 
 
+@pytest.mark.parametrize(
+    "statement",
+    ["from pkg import b", "from . import b", "import pkg.b", "import pkg.b as b"],
+)
+def test_strict_a_submodule_reached_through_its_package_is_an_edge_to_the_package(
+    tmp_path, statement
+):
+    # The package's __init__ re-exports a, and a reaches its sibling b through the package:
+    # each form reads pkg's namespace, so a depends on pkg while pkg depends on a. Counting only
+    # a -> pkg.b (as the check once did) would hide that cycle.
+    repo = _package(
+        tmp_path,
+        {
+            "pkg/__init__.py": "from pkg.a import f\n",
+            "pkg/a.py": f"{statement}\n\ndef f():\n    return 1\n",
+            "pkg/b.py": "x = 1\n",
+        },
+    )
+    graph = check_imports.build_graph(check_imports.find_modules(repo, ("pkg",)))
+    assert graph["pkg.a"] == {"pkg", "pkg.b"}
+    assert check_imports.check(repo, roots=("pkg",)) == [["pkg", "pkg.a"]]
+
+
+def test_strict_importing_names_from_the_sibling_itself_is_no_cycle(tmp_path):
+    repo = _package(
+        tmp_path,
+        {
+            "pkg/__init__.py": "from pkg.a import f\n",
+            "pkg/a.py": "from pkg.b import x\n\ndef f():\n    return x\n",
+            "pkg/b.py": "x = 1\n",
+        },
+    )
+    assert check_imports.check(repo, roots=("pkg",)) == []
+
+
 def test_extension_submodule_is_not_the_package(tmp_path):
-    # `from pkg import _C` names a compiled submodule (no .py): an edge to pkg would make every
-    # module using the extension look like part of a cycle with pkg/__init__.py
+    # `from pkg._C import f` reads a compiled submodule (no .py), which imports nothing of ours;
+    # `from pkg import _C` reads pkg's own namespace first, so it is an edge to pkg
     repo = _package(
         tmp_path,
         {
             "pkg/__init__.py": "from pkg import _C, dev\nVERSION = 1\n",
-            "pkg/dev.py": "from pkg import _C\n",
+            "pkg/dev.py": "from pkg._C import fn\n",
+            "pkg/ext_user.py": "from pkg import _C\n",
             "pkg/user.py": "from pkg import VERSION\n",  # an attribute of __init__: an edge
         },
     )
     graph = check_imports.build_graph(check_imports.find_modules(repo, ("pkg",)))
-    assert graph == {"pkg": {"pkg.dev"}, "pkg.dev": set(), "pkg.user": {"pkg"}}
+    assert graph == {
+        "pkg": {"pkg.dev"},
+        "pkg.dev": set(),
+        "pkg.ext_user": {"pkg"},
+        "pkg.user": {"pkg"},
+    }
 
 
 def test_star_import_in_init_keeps_the_package_edge(tmp_path):

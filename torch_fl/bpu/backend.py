@@ -20,17 +20,19 @@ from torch import fx
 from torch._dynamo.backends.common import aot_autograd
 from torch._functorch.aot_autograd import make_boxed_func
 
-from torch_fl.bpu import gradmode, shapes
-from torch_fl.bpu import report as reporting
 from torch_fl.bpu.build import PartitionSpec
 from torch_fl.bpu.errors import BpuError, SettingsError, StrictModeError, through_dynamo
+from torch_fl.bpu.gradmode import EVAL_INFERENCE, HOST_TRAINING, INFERENCE
+from torch_fl.bpu.gradmode import plan as plan_grad_mode
 from torch_fl.bpu.lowering import apply_rewrites
 from torch_fl.bpu.lowering.resize import keep_interpolate_whole
 from torch_fl.bpu.partitioning import partition_graph
-from torch_fl.bpu.report import GraphReport, PartitionEntry
+from torch_fl.bpu.report import GraphReport, PartitionEntry, Report, noting
+from torch_fl.bpu.report import register as register_report
 from torch_fl.bpu.runtime.partition import PartitionRuntime
 from torch_fl.bpu.runtime.registry import plan_executor
 from torch_fl.bpu.settings import BpuSettings, resolve
+from torch_fl.bpu.shapes import StaticShapes, symbolic
 
 log = logging.getLogger("torch_fl.bpu")
 _graph_counter = 0
@@ -56,12 +58,12 @@ def _host_forward_compiler(gm: fx.GraphModule, example_inputs, reason: str):
         _graph_counter,
         cpu_nodes=cpu_nodes,
         compute_total=len(cpu_nodes),
-        grad_mode=gradmode.HOST_TRAINING,
+        grad_mode=HOST_TRAINING,
     )
     _graph_counter += 1
     greport.runtimes = []
-    reporting.register(greport)
-    return make_boxed_func(reporting.noting(greport, gm.forward))
+    register_report(greport)
+    return make_boxed_func(noting(greport, gm.forward))
 
 
 def _shape(node: fx.Node):
@@ -79,7 +81,7 @@ def _static_indices(n_inputs: int) -> set[int]:
 
 
 def compile_inference(
-    gm: fx.GraphModule, example_inputs, settings: BpuSettings, grad_mode: str = gradmode.INFERENCE
+    gm: fx.GraphModule, example_inputs, settings: BpuSettings, grad_mode: str = INFERENCE
 ):
     """The BPU pipeline for one inference graph. Runs under fake mode: no real tensor work."""
     global _graph_counter
@@ -150,12 +152,12 @@ def compile_inference(
         fused.add_submodule(name, part)
     fused.recompile()
     fused.bpu_report = greport
-    reporting.register(greport)
+    register_report(greport)
     if settings.report != "none":
-        text = reporting.Report([greport])
+        text = Report([greport])
         print(text.table() if settings.report == "table" else text.to_json(), file=sys.stderr)
     log.info("bpu graph %d: %d partition(s)", graph_id, len(plan.partition_names))
-    return make_boxed_func(reporting.noting(greport, fused.forward))
+    return make_boxed_func(noting(greport, fused.forward))
 
 
 def bpu_backend(
@@ -179,9 +181,9 @@ def bpu_backend(
         if mode not in (None, "default"):
             log.info("bpu: torch.compile(mode=%r) has no effect on this backend", mode)
         settings = resolve(options)
-        grad = gradmode.plan(gm, example_inputs)
-        if grad.mode != gradmode.HOST_TRAINING and shapes.symbolic(example_inputs):
-            return shapes.StaticShapes(gm, settings, grad, _compile_graph)
+        grad = plan_grad_mode(gm, example_inputs)
+        if grad.mode != HOST_TRAINING and symbolic(example_inputs):
+            return StaticShapes(gm, settings, grad, _compile_graph)
         return _compile_graph(gm, example_inputs, settings, grad)
     except BpuError as exc:
         raise through_dynamo(exc) from exc.__cause__
@@ -189,10 +191,10 @@ def bpu_backend(
 
 def _compile_graph(gm: fx.GraphModule, example_inputs, settings: BpuSettings, grad):
     """One Dynamo graph with static shapes (or a training graph, which runs on the host)."""
-    if grad.mode != gradmode.HOST_TRAINING:
+    if grad.mode != HOST_TRAINING:
         keep_interpolate_whole(gm)
     inference = functools.partial(compile_inference, settings=settings, grad_mode=grad.mode)
-    if grad.mode == gradmode.HOST_TRAINING:
+    if grad.mode == HOST_TRAINING:
         if settings.strict:
             raise StrictModeError(f"strict: nothing offloaded to the BPU: {grad.reason}")
         if grad.key not in _warned_grad:
@@ -202,7 +204,7 @@ def _compile_graph(gm: fx.GraphModule, example_inputs, settings: BpuSettings, gr
     compiler = aot_autograd(
         fw_compiler=fw_compiler, bw_compiler=_host_compiler, inference_compiler=inference
     )
-    if grad.mode != gradmode.EVAL_INFERENCE:
+    if grad.mode != EVAL_INFERENCE:
         return compiler(gm, example_inputs)
     # An eval model called with grad enabled: compile and run the inference graph, as if the
     # call were under torch.no_grad() (its outputs do not require grad).

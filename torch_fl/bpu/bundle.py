@@ -27,14 +27,17 @@ from typing import Any
 
 import torch
 
-import torch_fl.bpu.bundle_run as bundle_run
-import torch_fl.bpu.report as report
 from torch_fl.atomic import sha256_file
+from torch_fl.bpu.bundle_run import FORMAT, MANIFEST, BundleError
+from torch_fl.bpu.bundle_run import load as load_runner
 from torch_fl.bpu.errors import ExportError
+from torch_fl.bpu.report import ran as graphs_ran
 from torch_fl.bpu.runtime import partition as runtime
 from torch_fl.host_view import cpu_views
 
 MODEL_ONNX, MODEL_HBM, RUNNER = "model.onnx", "model.hbm", "run.py"
+# The runner ships as a copy of its own source file, which sits beside this one.
+_RUNNER_SOURCE = Path(__file__).with_name("bundle_run.py")
 
 
 class _Recorder:
@@ -90,7 +93,7 @@ def _trace(model: torch.nn.Module, inputs: tuple, options: dict, samples) -> tup
     recorder = _Recorder()
     token = runtime.CALIBRATION.set(recorder)
     try:
-        with torch.no_grad(), report.ran() as graphs:
+        with torch.no_grad(), graphs_ran() as graphs:
             out = compiled(*inputs)
     finally:
         runtime.CALIBRATION.reset(token)
@@ -187,7 +190,7 @@ def _manifest(part, args, order, outputs, renames, name, compiler_id, hbm: bool)
         for p, t in outputs
     ]
     manifest = {
-        "format": bundle_run.FORMAT,
+        "format": FORMAT,
         "model": name,
         "march": part.settings.march,
         "inputs": ins,
@@ -215,7 +218,7 @@ def _place(tmp: Path, dest: Path, overwrite: bool) -> None:
     if not dest.exists():
         os.replace(tmp, dest)
         return
-    if not (dest / bundle_run.MANIFEST).is_file():
+    if not (dest / MANIFEST).is_file():
         raise ExportError(f"export: {dest} exists and is not a bundle; nothing was written. "
                           "Fix: choose a new path")  # fmt: skip
     if not overwrite:
@@ -287,13 +290,13 @@ def export(
         (tmp / MODEL_ONNX).write_bytes(built.onnx_bytes)
         if hbm is not None:
             shutil.copyfile(hbm, tmp / MODEL_HBM)
-        shutil.copyfile(bundle_run.__file__, tmp / RUNNER)
+        shutil.copyfile(_RUNNER_SOURCE, tmp / RUNNER)
         manifest = _manifest(
             part, host, order, outputs, renames, name or type(model).__name__,
             built.compiler_id, hbm is not None,
         )  # fmt: skip
         manifest["files"] = {f.name: sha256_file(f) for f in sorted(tmp.iterdir())}
-        (tmp / bundle_run.MANIFEST).write_text(json.dumps(manifest, indent=1), encoding="utf-8")
+        (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1), encoding="utf-8")
         _place(tmp, dest, overwrite)
     finally:
         if tmp.exists():
@@ -306,8 +309,8 @@ class LoadedBundle:
 
     def __init__(self, path: str | os.PathLike[str], runtime: str = "auto") -> None:
         try:
-            self.runner = bundle_run.load(path, runtime)
-        except bundle_run.BundleError as exc:
+            self.runner = load_runner(path, runtime)
+        except BundleError as exc:
             raise ExportError(str(exc)) from None
         self.manifest = self.runner.manifest
         self.runtime = self.runner.runtime
@@ -319,7 +322,7 @@ class LoadedBundle:
         feed = {spec["name"]: inputs[spec["argument"]].detach().cpu().numpy() for spec in order}
         try:
             result = self.runner(**feed)
-        except bundle_run.BundleError as exc:
+        except BundleError as exc:
             raise ExportError(str(exc)) from None
         outs = [torch.from_numpy(result[o["name"]]) for o in self.manifest["outputs"]]
         return outs[0] if len(outs) == 1 else tuple(outs)

@@ -28,12 +28,12 @@ import numpy as np
 import onnx
 import torch
 
-import torch_fl.bpu.report as bpu_report
 from torch_fl import atomic
 from torch_fl.bpu.conversion.calibration import QMAX, RangeObserver, _cosine, _session
 from torch_fl.bpu.conversion.layer_select import module_paths
 from torch_fl.bpu.conversion.qdq import QMAX16, WEIGHT_OPS, quantize_model
 from torch_fl.bpu.errors import CalibrationRunError
+from torch_fl.bpu.report import WORST_LAYERS
 
 WORST_IN_EXPLAIN = 3
 
@@ -255,7 +255,7 @@ def layer_report(
             {"module": r.module or r.onnx_node, "op": r.op, "precision": r.precision,
              "cosine_alone": r.cosine_alone} for r in mine[:WORST_IN_EXPLAIN]
         ]  # fmt: skip
-        bpu_report.WORST_LAYERS[part.spec.fingerprint] = part.entry.worst_layers
+        WORST_LAYERS[part.spec.fingerprint] = part.entry.worst_layers
     if json_path is not None:
         report.save(json_path)
     if plot_path is not None:

@@ -21,8 +21,9 @@ from typing import Any
 import torch
 from torch import fx
 
-from torch_fl.bpu import report as reporting
 from torch_fl.bpu.errors import StrictModeError
+from torch_fl.bpu.report import GraphReport, noting
+from torch_fl.bpu.report import register as register_report
 from torch_fl.bpu.settings import BpuSettings
 
 log = logging.getLogger("torch_fl.bpu")
@@ -204,7 +205,7 @@ def _host_run(gm: fx.GraphModule, reason: str) -> Callable:
         for n in gm.graph.nodes
         if n.op in ("call_function", "call_method", "call_module")
     ]
-    greport = reporting.GraphReport(-1, cpu_nodes=nodes, compute_total=len(nodes))
+    greport = GraphReport(-1, cpu_nodes=nodes, compute_total=len(nodes))
     greport.runtimes = []
-    reporting.register(greport)
-    return reporting.noting(greport, gm.forward)
+    register_report(greport)
+    return noting(greport, gm.forward)

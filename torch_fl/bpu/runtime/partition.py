@@ -20,7 +20,8 @@ from typing import Any
 import torch
 from torch.autograd.profiler import record_function
 
-from torch_fl.bpu import build as builder
+from torch_fl.bpu.build import BuildResult, PartitionSpec, export_float
+from torch_fl.bpu.build import build as build_partition
 from torch_fl.bpu.conversion import calibration_store as stored
 from torch_fl.bpu.conversion.calibration import RangeObserver, health
 from torch_fl.bpu.conversion.freezing import FrozenWeights
@@ -42,7 +43,7 @@ CALIBRATION: contextvars.ContextVar = contextvars.ContextVar("torch_fl_bpu_calib
 class PartitionRuntime(torch.nn.Module):
     def __init__(
         self,
-        spec: builder.PartitionSpec,
+        spec: PartitionSpec,
         settings: BpuSettings,
         executor: str,
         reason: str,
@@ -60,7 +61,7 @@ class PartitionRuntime(torch.nn.Module):
         """Activation tensors kept in int16 or float (calibrate(target=...)); int8 else."""
         self._guessed_scales = False
         """self.scales were measured on one first call (not by calibrate() or a record)."""
-        self.last_build: builder.BuildResult | None = None
+        self.last_build: BuildResult | None = None
         self.builds = 0
         self._exec: Executor | None = None
         self._frozen: FrozenWeights | None = None
@@ -184,7 +185,7 @@ class PartitionRuntime(torch.nn.Module):
         family = given.for_family(spec.family) if given is not None else None
         hit = stored.STORE.get(k.family, cache_dir)
         if family is not None or hit is not None:
-            names = activation_inputs(builder.export_float(spec, host))
+            names = activation_inputs(export_float(spec, host))
             for scales, old_names, source in (
                 (*family, "options={'calibration': ...}") if family else (None, None, ""),
                 (hit[0].scales, hit[0].names, hit[0].source) if hit else (None, None, ""),
@@ -217,7 +218,7 @@ class PartitionRuntime(torch.nn.Module):
             self._calibrated(f"default act_scale {settings.act_scale}", "uncalibrated")
             return
         observer = RangeObserver(
-            builder.export_float(spec, host), settings.calib_method, settings.calib_percentile
+            export_float(spec, host), settings.calib_method, settings.calib_percentile
         )
         observer.observe([host[i].detach().numpy() for i in spec.runtime_positions])
         self.scales = observer.scales()
@@ -240,7 +241,7 @@ class PartitionRuntime(torch.nn.Module):
         settings = self.settings
         if not settings.quantize or not (settings.int16 or settings.float):
             return dict(self.precision)
-        return self.effective_precision(builder.export_float(self.spec, host))
+        return self.effective_precision(export_float(self.spec, host))
 
     def effective_precision(self, model) -> dict[str, str]:
         """Calibration's choice, then options={"int16": [...], "float": [...]} over it (float
@@ -289,7 +290,7 @@ class PartitionRuntime(torch.nn.Module):
             else:
                 self._calibrated("quantize=False", "float")
             precision = self._with_manual_precision(host)
-            result = builder.build(
+            result = build_partition(
                 self.spec, host, settings, self.scales, how.needs_hbm, compile_artifact,
                 precision,
             )  # fmt: skip
