@@ -24,7 +24,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests" / "compile"))  # the one copy of the model set
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))  # tests.support.models: the one copy of the model set
 
 
 def _median_ms(fn, iters: int, warmup: int = 3) -> float:
@@ -47,8 +48,8 @@ def _cos(a, b) -> float:
 def child_compile(cache_dir: str, size: int) -> None:
     """Run in a fresh process: time the first call (compile) of ResNet-18 under sim."""
     import torch
-    from models import ResNet18, seeded
 
+    from tests.support.models import ResNet18, seeded
     from torch_fl.bpu import report
 
     torch.set_num_threads(1)
@@ -113,9 +114,9 @@ def main() -> int:
         return 0
 
     import torch
-    from models import ConvStack, ResNet18, TransformerBlock, seeded
 
     import torch_fl.bpu as bpu
+    from tests.support.models import ConvStack, ResNet18, TransformerBlock, seeded
     from torch_fl.bpu import report
 
     torch.set_num_threads(1)

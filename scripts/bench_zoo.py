@@ -1,6 +1,6 @@
 """The public-architecture zoo through backend="bpu": coverage, accuracy and speed per model.
 
-Per model (tests/compile/zoo.py): compute-node coverage, partitions, what stayed on the CPU,
+Per model (tests/support/zoo.py): compute-node coverage, partitions, what stayed on the CPU,
 eager-executor exactness, cosine vs fp32 of the sim executor at the default activation scale and
 after `bpu.calibrate`, the calibrated partitions' quantization health, and latency at 1 thread of
 eager fp32, torch.compile(backend="inductor") and the sim executor (sim_threads=1), measured
@@ -67,7 +67,7 @@ def run_model(
     import torch
 
     import torch_fl.bpu as bpu
-    from tests.compile.zoo import build
+    from tests.support.zoo import build
     from torch_fl.bpu import report
 
     model, x = build(name, scale)
@@ -229,7 +229,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from tests.compile.zoo import ZOO
+    from tests.support.zoo import ZOO
 
     torch.set_num_threads(1)
     # nn.GRU/LSTM are traced (not a graph break): what docs/compile-models.md tells users to set

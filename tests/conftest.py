@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import STANDINS, build_shared_library
+from tests.support.process import STANDINS, build_shared_library
 
 
 @pytest.fixture(scope="session")

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from tests.compile.bpu_helpers import compile_bpu, runtimes
-from tests.compile.models import ConvStack, seeded
+from tests.support.models import ConvStack, seeded
 from torch_fl.bpu import backend, report
 from torch_fl.bpu.runtime import registry
 from torch_fl.bpu.runtime.executors import EagerExecutor, HbmExecutor, SimExecutor

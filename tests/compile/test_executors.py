@@ -6,7 +6,7 @@ from torch import nn
 
 import torch_fl.bpu as bpu
 from tests.compile.bpu_helpers import compile_bpu, cosine
-from tests.compile.models import ConvStack, DepthwiseSeparable, ResNet18, seeded
+from tests.support.models import ConvStack, DepthwiseSeparable, ResNet18, seeded
 from torch_fl.bpu import report
 from torch_fl.bpu.runtime import registry
 

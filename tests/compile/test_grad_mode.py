@@ -7,7 +7,7 @@ import torch
 
 import torch_fl.bpu as bpu
 from tests.compile.bpu_helpers import compile_bpu, cosine
-from tests.compile.models import ConvStack, seeded
+from tests.support.models import ConvStack, seeded
 from torch_fl.bpu import report
 
 

@@ -110,7 +110,7 @@ def test_interpolate_is_one_resize_and_exact():
 
 
 def test_swin_window_attention_folds_mask_and_tracks_bias_table_changes():
-    from tests.compile.zoo import WindowAttention
+    from tests.support.zoo import WindowAttention
 
     torch.manual_seed(0)
     block = WindowAttention(16, 2, 4, 2).eval()

@@ -9,7 +9,7 @@ from torch import nn
 
 import torch_fl.bpu as bpu
 from tests.compile.bpu_helpers import compile_bpu
-from tests.compile.models import ConvStack, seeded
+from tests.support.models import ConvStack, seeded
 from torch_fl.bpu import report
 
 

@@ -85,7 +85,7 @@ def test_unsupported_op_dtype_symbolic_and_min_size_reasons():
 
 
 def test_split_becomes_slices_transformer_fully_covered():
-    from tests.compile.models import TransformerBlock, seeded
+    from tests.support.models import TransformerBlock, seeded
 
     model = seeded(TransformerBlock())
     x = torch.randn(1, 8, 32)

@@ -24,7 +24,7 @@ from onnx import helper, numpy_helper
 
 import torch_fl.bpu as bpu
 from tests.compile.bpu_helpers import compile_bpu
-from tests.compile.zoo import build
+from tests.support.zoo import build
 from torch_fl.bpu import report
 from torch_fl.bpu.conversion.export import attribute
 from torch_fl.bpu.conversion.integer_form import to_integer_form

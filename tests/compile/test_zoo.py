@@ -8,7 +8,7 @@ import torch
 
 import torch_fl.bpu as bpu
 from tests.compile.bpu_helpers import compile_bpu, cosine
-from tests.compile.zoo import ZOO, build
+from tests.support.zoo import ZOO, build
 from torch_fl.bpu import report
 
 

@@ -12,7 +12,7 @@ import sys
 import torch
 
 import torch_fl  # noqa: F401 - registers the flagos device
-from tests.support import run_python
+from tests.support.process import run_python
 from torch_fl import autograd_exit
 
 

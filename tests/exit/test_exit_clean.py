@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import STANDINS, Completed, build_shared_library, run_python
+from tests.support.process import STANDINS, Completed, build_shared_library, run_python
 
 CRASH_TEXT = ("double free", "corruption", "Segmentation fault", "terminate called", "Aborted")
 RUNS_PER_CASE = 25  # per chunk: 4 chunks x 25 = 100 runs of the main case

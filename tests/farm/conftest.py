@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from scripts.farm.emu import Board, EmuFarm
-from tests.provision.conftest import SshServer, isolated_env
+from tests.support.sshd import SshServer, isolated_env
 
 REPO = Path(__file__).resolve().parents[2]
 # Provisioning the boards is not what these tests are about: only the fast, host-independent

@@ -13,7 +13,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from conftest import farm_yaml
 
-from tests.provision.conftest import SSHD
+from tests.support.sshd import SSHD
 
 
 class Relay:

@@ -9,7 +9,7 @@ import pytest
 
 from provision import report
 from provision.multihost import split_hosts
-from tests.provision.conftest import SshServer, _free_port
+from tests.support.sshd import SshServer, free_port
 
 
 @pytest.fixture
@@ -87,7 +87,7 @@ def test_unreachable_and_untrusted_hosts_do_not_stop_the_others(two_sshd, iso, p
     a, b = two_sshd
     _trust(Path(env["HOME"]), two_sshd, [a])  # b's host key is unknown: must be rejected
     cfg = _config(root, a.user_key)
-    closed = f"{a.user}@127.0.0.1:{_free_port()}"
+    closed = f"{a.user}@127.0.0.1:{free_port()}"
     combined = root / "out" / "all.json"
     res = provision_cli(
         env,

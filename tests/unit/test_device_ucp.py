@@ -6,7 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.support import ROOT, run_python
+from tests.support.process import ROOT, run_python
 
 PROBE = (
     "import warnings; warnings.simplefilter('always');"

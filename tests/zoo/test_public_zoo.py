@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import torch_fl.bpu as bpu
-from tests.zoo.public import MODELS, available, build, cosine, output_tensors, samples
+from tests.support.public_zoo import MODELS, available, build, cosine, output_tensors, samples
 
 # model: (min coverage %, max partitions, min calibrated cosine): the measured state, a little
 # below it (docs/compile-models.md, *Public architectures*, one run of

@@ -1,4 +1,4 @@
-"""Trained weights on real photos (tests/zoo/trained.py): ImageNet MobileNetV2 features.
+"""Trained weights on real photos (tests/support/trained.py): ImageNet MobileNetV2 features.
 
 - plain `calibrate()` is at least as good as ONNX Runtime's static quantizer with the same
   (symmetric int8) activation scheme, on the same calibration crops and held-out crops;
@@ -14,8 +14,8 @@ import pytest
 import torch
 
 import torch_fl.bpu as bpu
-from tests.zoo import trained
-from tests.zoo.public import cosine
+from tests.support import trained
+from tests.support.public_zoo import cosine
 
 pytestmark = [
     pytest.mark.slow,

@@ -44,7 +44,7 @@ def available() -> str | None:
 
 def mobilenet_v2_features() -> torch.nn.Module:
     """ImageNet-trained MobileNetV2 up to its pooled 1280-d features, in eval mode."""
-    from tests.zoo.public import import_torchvision
+    from tests.support.public_zoo import import_torchvision
 
     tv = import_torchvision()
     weights = (

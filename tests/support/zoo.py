@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tests.compile.models import ResNet18, seeded
+from tests.support.models import ResNet18, seeded
 
 # -- MobileNetV3-Small -------------------------------------------------------------------------
 

@@ -1,4 +1,4 @@
-"""Helpers shared by every lane: the repository root, stand-in builds, fresh interpreters."""
+"""The repository root, stand-in builds, fresh interpreters: shared by every lane."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]  # tests/support/ -> the repository
 STANDINS = ROOT / "tests" / "standins"
 
 
