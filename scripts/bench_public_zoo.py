@@ -28,47 +28,19 @@ if str(ROOT) not in sys.path:
 import torch  # noqa: E402
 
 import torch_fl.bpu as bpu  # noqa: E402
+from tests.support import ort  # noqa: E402
 from tests.support.public_zoo import MODELS, build, cosine, output_tensors, samples  # noqa: E402
 
 
 def _ort_int8(model, calib, test) -> float:
     """ONNX Runtime's static QDQ quantizer, symmetric int8 activations, per-channel weights."""
-    from onnxruntime import InferenceSession
-    from onnxruntime.quantization import (
-        CalibrationDataReader,
-        QuantFormat,
-        QuantType,
-        quantize_static,
-    )
-
-    class Reader(CalibrationDataReader):
-        def __init__(self) -> None:
-            self.feeds = iter([{"x": s[0].numpy()} for s in calib])
-
-        def get_next(self):
-            return next(self.feeds, None)
-
     with tempfile.TemporaryDirectory() as tmp:
-        fp32, int8 = Path(tmp) / "f.onnx", Path(tmp) / "q.onnx"
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            torch.onnx.export(model, test, str(fp32), dynamo=False, opset_version=17,
-                              input_names=["x"])  # fmt: skip
-        quantize_static(
-            str(fp32),
-            str(int8),
-            Reader(),
-            quant_format=QuantFormat.QDQ,
-            per_channel=True,
-            activation_type=QuantType.QInt8,
-            weight_type=QuantType.QInt8,
-            extra_options={"ActivationSymmetric": True},
+        _, int8 = ort.quantize_static_qdq(
+            model, test[0], [s[0] for s in calib], Path(tmp), symmetric=True
         )
-        out = InferenceSession(str(int8), providers=["CPUExecutionProvider"]).run(
-            None, {"x": test[0].numpy()}
-        )[0]
+        out = ort.cpu_session(int8)(test[0])
     with torch.no_grad():
-        return cosine(torch.from_numpy(out), model(*test))
+        return cosine(out, model(*test))
 
 
 def measure(name: str) -> dict:

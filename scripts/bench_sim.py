@@ -39,6 +39,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 import torch_fl.bpu as bpu  # noqa: E402
+from tests.support import ort  # noqa: E402
 from torch_fl.bpu import report  # noqa: E402
 
 MODELS = ("resnet18", "mobilenetv3", "vit", "transformer_encoder")
@@ -89,30 +90,9 @@ def _ort_session(path_or_bytes, threads: int, optimized: str | None = None):
 
 
 def _ort_models(model, x, calib, tmp: Path) -> tuple[Path, Path]:
-    """ONNX fp32 of `model`, and ONNX Runtime's static QDQ int8 of it calibrated on `calib`."""
-    from onnxruntime.quantization import (
-        CalibrationDataReader,
-        QuantFormat,
-        QuantType,
-        quantize_static,
-    )
-
-    class Reader(CalibrationDataReader):
-        def __init__(self) -> None:
-            self.feeds = iter([{"x": c.numpy()} for c in calib])
-
-        def get_next(self):
-            return next(self.feeds, None)
-
-    fp32, int8 = tmp / "fp32.onnx", tmp / "int8.onnx"
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        torch.onnx.export(model, (x,), str(fp32), dynamo=False, opset_version=17,
-                          input_names=["x"])  # fmt: skip
-        quantize_static(str(fp32), str(int8), Reader(), quant_format=QuantFormat.QDQ,
-                        per_channel=True, activation_type=QuantType.QUInt8,
-                        weight_type=QuantType.QInt8)  # fmt: skip
-    return fp32, int8
+    """ONNX fp32 of `model`, and ONNX Runtime's static QDQ int8 of it calibrated on `calib`
+    (asymmetric u8 activations, per-channel s8 weights: its default int8)."""
+    return ort.quantize_static_qdq(model, x, calib, tmp, symmetric=False)
 
 
 def _pt2e(model, x, calib):

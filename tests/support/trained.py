@@ -14,10 +14,13 @@ is that of the 1280-d features, as the issue's table does.
 from __future__ import annotations
 
 import importlib.util
+import tempfile
 from pathlib import Path
 
 import numpy as np
 import torch
+
+from tests.support import ort
 
 CALIB_PHOTOS = ("astronaut.png", "coffee.png", "motorcycle_left.png", "horse.png")
 TEST_PHOTOS = ("chelsea.png", "rocket.jpg", "motorcycle_right.png", "hubble_deep_field.jpg",
@@ -90,35 +93,6 @@ def ort_int8(model: torch.nn.Module, calib: list[torch.Tensor], symmetric: bool)
     """ONNX Runtime's static QDQ quantizer (per-channel int8 weights; activations symmetric
     int8, the BPU's scheme, or asymmetric uint8), calibrated on `calib`: a function of one
     input returning the output tensor."""
-    import tempfile
-    import warnings
-
-    from onnxruntime import InferenceSession
-    from onnxruntime.quantization import (
-        CalibrationDataReader,
-        QuantFormat,
-        QuantType,
-        quantize_static,
-    )
-
-    class Reader(CalibrationDataReader):
-        def __init__(self) -> None:
-            self.feeds = iter([{"x": c.numpy()} for c in calib])
-
-        def get_next(self):
-            return next(self.feeds, None)
-
     with tempfile.TemporaryDirectory() as tmp:
-        fp32, int8 = Path(tmp) / "f.onnx", Path(tmp) / "q.onnx"
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            torch.onnx.export(model, (calib[0],), str(fp32), dynamo=False, opset_version=17,
-                              input_names=["x"])  # fmt: skip
-            quantize_static(
-                str(fp32), str(int8), Reader(), quant_format=QuantFormat.QDQ, per_channel=True,
-                activation_type=QuantType.QInt8 if symmetric else QuantType.QUInt8,
-                weight_type=QuantType.QInt8,
-                extra_options={"ActivationSymmetric": symmetric},
-            )  # fmt: skip
-        session = InferenceSession(str(int8), providers=["CPUExecutionProvider"])
-    return lambda x: torch.from_numpy(session.run(None, {"x": x.numpy()})[0])
+        _, int8 = ort.quantize_static_qdq(model, calib[0], calib, Path(tmp), symmetric=symmetric)
+        return ort.cpu_session(int8)
