@@ -1,57 +1,23 @@
-"""Hold places and work on them in parallel: reserve, acquire, resolve, provision, run lanes,
-fetch, then release and cancel whatever happened (also on Ctrl-C)."""
+"""Hold places and work on them in parallel: reserve, acquire, work on the place (place_flow.py:
+resolve, provision, run lanes, fetch), then release and cancel whatever happened (also on Ctrl-C)."""
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
-from provision import facts as facts_mod
-from provision.multihost import HostJob, HostPrinter, provision_host, run_parallel, slug
-from provision.steps import Options
-from provision.target import HostSpec, SshTarget, TargetError
-from scripts.farm import power
-from scripts.farm.board import Board, BoardError
+from provision.multihost import HostPrinter, run_parallel
+from provision.target import TargetError
+from scripts.farm import place_flow
+from scripts.farm.board import BoardError
+from scripts.farm.job import FarmJob
 from scripts.farm.labgrid_client import FarmError, LabgridClient
-from scripts.farm.report import (
-    PlaceOutcome,
-    format_table,
-    lane_rows,
-    provision_rows,
-    tag_contradictions,
-    write,
-)
+from scripts.farm.report import PlaceOutcome, format_table, lane_rows, provision_rows, write
 from scripts.farm.selection import Request
-from scripts.farm.settings import FarmSettings
 
-
-@dataclass
-class FarmJob:
-    """Everything a farm run needs, fixed before the first place is reserved."""
-
-    settings: FarmSettings
-    requests: list[Request]
-    out_dir: Path
-    root: Path
-    work_root: Path
-    provision_cfg: dict[str, Any]
-    selected_steps: list[str]
-    options: Options = field(default_factory=Options)
-    provision: bool = True
-    lanes: list[str] = field(default_factory=list)  # empty: provision only
-    matrix_file: str = "matrix.yaml"
-    setup: str = "bootstrap"
-    board_python: str | None = None
-    insecure_host_key: bool = False
-    reserve_timeout_s: float = 300.0
-    lane_timeout_s: float = 3600.0
-    boot_timeout_s: float = 300.0  # after a power cycle
-    client_env: dict[str, str] = field(default_factory=dict)
+__all__ = ["FarmJob", "run"]
 
 
 class _Holdings:
@@ -89,106 +55,6 @@ def _give_back(client: LabgridClient, token: str, place: str | None) -> list[str
     return errors
 
 
-def _ssh_target(job: FarmJob, host: HostJob) -> SshTarget:
-    cfg = job.provision_cfg
-    target = SshTarget(
-        host.spec,
-        insecure_host_key=job.insecure_host_key,
-        known_hosts=host.known_hosts or cfg["ssh"]["known_hosts"] or None,
-        identity=host.identity or cfg["ssh"]["identity"] or None,
-        connect_timeout=float(cfg["ssh"]["connect_timeout_s"]),
-    )
-    target.name = host.name
-    return target
-
-
-def _work_on_place(
-    job: FarmJob,
-    outcome: PlaceOutcome,
-    client: LabgridClient,
-    place: str,
-    echo: Callable[[str], None],
-) -> None:
-    info = client.resolve(place)
-    outcome.tags, outcome.power, outcome.serial = info["tags"], info["power"], info["serial"]
-    net = info["network"]
-    if net is None:
-        outcome.infra(f"place {place} has no NetworkService resource (add one to its exporter)")
-        return
-    if not net["avail"]:
-        outcome.infra(f"place {place}: its NetworkService is unavailable (exporter down?)")
-        return
-    outcome.network = net
-    if not power.answers(net["address"], int(net["port"])) and info["power"]:
-        outcome.power_cycled = True
-        if not power.recover(
-            client, place, net["address"], int(net["port"]), job.boot_timeout_s, echo
-        ):
-            outcome.infra(
-                f"place {place} did not answer on SSH, not even {job.boot_timeout_s:.0f}s "
-                "after a power cycle"
-            )
-            return
-    echo(
-        f"held; ssh {net['username']}@{net['address']}:{net['port']}"
-        f"{'; power control' if info['power'] else ''}{'; serial console' if info['serial'] else ''}"
-    )
-    ssh = job.settings.ssh_for(place)
-    host = HostJob(
-        HostSpec(net["username"] or None, net["address"], int(net["port"])),
-        identity=ssh.get("identity"),
-        known_hosts=ssh.get("known_hosts"),
-        label=place,
-    )
-    place_dir = job.out_dir / slug(place)
-    if job.provision:
-        res = provision_host(
-            host,
-            cfg=job.provision_cfg,
-            selected=job.selected_steps,
-            options=job.options,
-            insecure_host_key=job.insecure_host_key,
-            report_path=place_dir / "provision.json",
-            work_dir=job.work_root / "hosts" / slug(place),
-            echo=echo,
-        )
-        outcome.provision = res.to_json()
-        outcome.facts = res.facts
-        if res.status in ("unreachable", "error"):
-            outcome.infra(f"{res.status}: {res.error}")
-            return
-    else:
-        target = _ssh_target(job, host)
-        try:
-            outcome.facts = facts_mod.gather(target)
-        finally:
-            target.close()
-    for problem in tag_contradictions(outcome.tags, outcome.facts):
-        outcome.infra(problem)
-    if outcome.errors or not job.lanes:
-        return
-    if outcome.provision and outcome.provision["status"] != "ok":
-        outcome.infra("provisioning failed; lanes not run (see its report)")
-        return
-    target = _ssh_target(job, host)
-    try:
-        board = Board(target, place_dir / "board.log", echo)
-        board.ship_checkout(job.root)
-        python, env = board.setup(job.setup, job.board_python)
-        board.run_lanes(python, env, job.lanes, job.matrix_file, job.lane_timeout_s)
-        got = board.fetch(place_dir)
-    finally:
-        target.close()
-    outcome.junit = [str(p) for p in got["junit"]]
-    outcome.logs = [str(p) for p in got["logs"]]
-    if got["summary"] is None:
-        outcome.infra("the board produced no summary.json (see board.log)")
-        return
-    outcome.summary = json.loads(Path(got["summary"]).read_text(encoding="utf-8"))
-    for problem in tag_contradictions(outcome.tags, outcome.summary.get("capabilities") or {}):
-        outcome.infra(f"lanes: {problem}")
-
-
 def _run_request(
     job: FarmJob, request: Request, holdings: _Holdings, echo: Callable[[str], None]
 ) -> PlaceOutcome:
@@ -205,7 +71,7 @@ def _run_request(
         place = client.acquire(token)
         outcome.place = place
         holdings.set(token, place)
-        _work_on_place(job, outcome, client, place, echo)
+        place_flow.drive(place_flow.PlaceContext(job, outcome, client, place, echo))
         # Results from a place whose exporter went away cannot be trusted: the board may have
         # been powered off or handed to someone else under us.
         if outcome.network is not None:
