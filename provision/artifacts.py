@@ -10,9 +10,9 @@ import shlex
 from pathlib import Path
 from typing import Any
 
-from provision import light
 from provision.context import Context
 from provision.download import DownloadError, download
+from provision.floor import light
 from provision.results import StepError
 
 atomic = light.load("atomic")

@@ -16,7 +16,7 @@ from typing import Any
 import yaml
 
 from provision import box64 as box64_logic
-from provision import light
+from provision.floor import light
 from provision.steps import STEP_NAMES
 
 MARCHES: tuple[str, ...] = light.load("targets").MARCHES

@@ -20,11 +20,11 @@ from provision import facts as facts_mod
 from provision import pipeline, plan
 from provision import report as report_mod
 from provision.context import Options
+from provision.floor import exitcodes
 from provision.target import HostSpec, SshTarget, TargetError, parse_host
 
 COMBINED_SCHEMA = "torch-fl/provision-multi/1"
 T = TypeVar("T")
-INTERRUPTED_CODE = 130  # 128 + SIGINT, as for a single host
 
 
 @dataclass(frozen=True)
@@ -351,7 +351,7 @@ def run_cli(
             combined_path=combined_path,
         )
     except KeyboardInterrupt:
-        return INTERRUPTED_CODE
+        return exitcodes.INTERRUPTED  # as for a single host
     print(table(results))
     print("\n".join(summary_lines(results, combined)))
     return code

@@ -7,12 +7,11 @@ import time
 from dataclasses import dataclass
 
 from provision.context import Context, Step
+from provision.floor import exitcodes, progress
 from provision.results import FAILED, NEEDED, OK, CheckResult, Inputs, StepError
 from provision.steps import STEP_NAMES, all_steps
-from scripts import progress
 
 INTERRUPTED_ACTION = "interrupted"
-INTERRUPTED_CODE = 130  # 128 + SIGINT, what shells report for Ctrl-C
 
 
 @dataclass
@@ -160,10 +159,11 @@ def interrupted(outcomes: list[Outcome]) -> Outcome | None:
 
 def exit_code(outcomes: list[Outcome], dry: bool) -> int:
     if interrupted(outcomes):
-        return INTERRUPTED_CODE
+        return exitcodes.INTERRUPTED
     if dry:
-        return 0
+        return exitcodes.OK
     bad = any(
         o.error or (o.final and o.final.status != OK) for o in outcomes if o.action != "not run"
     )
-    return 1 if bad or any(o.action == "not run" for o in outcomes) else 0
+    failed = bad or any(o.action == "not run" for o in outcomes)
+    return exitcodes.FAILED if failed else exitcodes.OK

@@ -14,8 +14,8 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from provision import light
 from provision.box64 import PAGESIZE_ABORT
+from provision.floor import exitcodes, light
 
 MARKER = "TORCH_FL_PROBE_OK"
 BINARY_NAME = "torch-fl-pagesize-probe-x86_64"
@@ -119,7 +119,7 @@ def interpret(rc: int, out: str, err: str, kernel_pagesize: int, box64: str) -> 
             "from PATH",
         )
     match = re.search(rf"{MARKER} pagesize=(\d+)", out)
-    if rc == 124:
+    if rc == exitcodes.TIMED_OUT:
         return ProbeVerdict(False, None, f"{box64} did not finish the probe in time (hung)")
     if rc != 0:
         tail = text.strip()[-300:]

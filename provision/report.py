@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from provision import light
+from provision.floor import exitcodes, light
 from provision.plan import Outcome
 
 SCHEMA = "torch-fl/provision-report/1"
@@ -72,8 +72,9 @@ def validate(report: dict[str, Any]) -> None:
     ):
         if not isinstance(report.get(key), kind):
             raise ValueError(f"{key} must be {kind.__name__}")
-    if report["exit_code"] not in (0, 1, 2, 130):
-        raise ValueError("exit_code must be 0, 1, 2 or 130 (interrupted)")
+    codes = (exitcodes.OK, exitcodes.FAILED, exitcodes.USAGE, exitcodes.INTERRUPTED)
+    if report["exit_code"] not in codes:
+        raise ValueError("exit_code must be {}, {}, {} or {} (interrupted)".format(*codes))
     applied = 0
     for step in report["steps"]:
         for side in ("before", "after"):

@@ -12,7 +12,6 @@ import os
 import re
 import shlex
 import shutil
-import signal
 import subprocess
 import sys
 import threading
@@ -21,6 +20,9 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, TextIO
+
+from provision.floor.exitcodes import TIMED_OUT
+from provision.floor.procgroup import kill_group
 
 RunResult = tuple[int, str, str]
 
@@ -31,20 +33,6 @@ class TargetError(RuntimeError):
 
 class TargetInputError(TargetError):
     """What the user gave cannot work (unreadable key file, a host that only takes passwords)."""
-
-
-def _kill_group(proc: subprocess.Popen) -> None:
-    """Stop a command and everything it started (it leads its own process group)."""
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            proc.wait(timeout=3.0)
-            return
-        except subprocess.TimeoutExpired:
-            continue
 
 
 class Target(Protocol):
@@ -159,11 +147,11 @@ class LocalTarget:
         try:
             out, err = proc.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
-            _kill_group(proc)
+            kill_group(proc)
             out, _ = proc.communicate()
-            return 124, out or "", f"timed out after {timeout:.0f}s: {cmd}"
+            return TIMED_OUT, out or "", f"timed out after {timeout:.0f}s: {cmd}"
         except BaseException:
-            _kill_group(proc)
+            kill_group(proc)
             raise
         return proc.returncode, out, err
 
@@ -183,12 +171,12 @@ class LocalTarget:
                 for line in proc.stdout:
                     sink.write(line)
                     if time.monotonic() > deadline:
-                        _kill_group(proc)
+                        kill_group(proc)
                         log.write(f"\n[provision] killed after {timeout:.0f}s\n")
-                        return 124
+                        return TIMED_OUT
                 return proc.wait()
             except BaseException:
-                _kill_group(proc)
+                kill_group(proc)
                 log.write("\n[provision] interrupted\n")
                 raise
 
@@ -381,7 +369,7 @@ class SshTarget:
                 self._wrap(cmd, env), hide=True, warn=True, timeout=timeout, in_stream=False
             )
         except CommandTimedOut as exc:
-            return 124, exc.result.stdout, f"timed out after {timeout:.0f}s: {cmd}"
+            return TIMED_OUT, exc.result.stdout, f"timed out after {timeout:.0f}s: {cmd}"
         return res.exited, res.stdout, res.stderr
 
     def run_logged(
@@ -407,7 +395,7 @@ class SshTarget:
                 )
             except CommandTimedOut:
                 log.write(f"\n[provision] killed after {timeout:.0f}s\n")
-                return 124
+                return TIMED_OUT
             return res.exited
 
     def put(self, local: Path, remote: str) -> None:

@@ -12,8 +12,8 @@ import re
 import zipfile
 from pathlib import Path
 
-from provision import light
 from provision.artifacts import sha256_of
+from provision.floor import light
 
 # Served by the import shims of torch_fl/bpu/drivers/hbdk4_guest.py, so never installed.
 SHIMMED = set(light.load("bpu.drivers.hbdk4_guest").SHIMMED)

@@ -3,7 +3,7 @@
 The data goes to a temporary file in the same directory (a rename is only atomic within one
 file system) which is renamed over the destination when complete; on any failure, Ctrl-C
 included, the temporary file is removed and the destination is untouched. Standard library only,
-importing nothing from torch_fl: provisioning and scripts/ use it too (provision/light.py).
+importing nothing from torch_fl: provisioning and scripts/ use it too (provision/floor/light.py).
 `sha256_file` lives here too: it is how those same writers prove a file is the one they wrote.
 """
 

@@ -6,7 +6,7 @@ win over the file, so a one-off override needs no edit.
 
 This module is the file format's one home: provisioning writes with `render_env_text` and
 compares with `parse_env_text`. Standard library only, importing nothing from torch_fl, so
-provisioning and the test matrix load it by file (provision/light.py).
+provisioning and the test matrix load it by file (provision/floor/light.py).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """What torch-fl can be built for and compile to.
 
 Standard library only, importing nothing from torch_fl: setup.py and provisioning read this
-file before torch or the extension exist (provision/light.py).
+file before torch or the extension exist (provision/floor/light.py).
 """
 
 from __future__ import annotations

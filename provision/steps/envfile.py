@@ -7,8 +7,8 @@ import shlex
 import time
 
 from provision import facts as facts_mod
-from provision import light
 from provision.context import Context
+from provision.floor import light
 from provision.results import NEEDED, OK, CheckResult, Inputs, StepError
 
 MARCHES: tuple[str, ...] = light.load("targets").MARCHES

@@ -7,8 +7,9 @@ import shlex
 from pathlib import Path
 from typing import Any
 
-from provision import artifacts, light, wheels
+from provision import artifacts, wheels
 from provision.context import Context
+from provision.floor import light
 from provision.results import NEEDED, OK, CheckResult, Inputs, StepError, X86PythonFound
 from provision.steps.prereqs import apt_install
 

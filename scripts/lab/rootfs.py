@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from provision import light
+from provision.floor import light
 from scripts.lab.binfmt import ensure_aarch64
 from scripts.lab.cache import get_or_build, lookup
 from scripts.lab.debapt import MIRROR, PrivateApt

@@ -21,7 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from provision import light
+from provision.floor import light
 from provision.target import HostSpec, SshTarget, TargetError
 from scripts.lab.cache import cache_root
 from scripts.lab.kernel import ensure as ensure_kernel

@@ -23,8 +23,7 @@ from pathlib import Path
 from invoke import Collection, task
 from invoke.exceptions import Exit
 
-from provision import light
-from scripts import outpaths
+from provision.floor import light, outpaths
 from scripts.tasks.cli import (
     INTERRUPTED_CODE,
     CliTask,

@@ -11,7 +11,7 @@ from pathlib import Path
 from invoke import Collection, Context, task
 from invoke.exceptions import Exit
 
-from provision import light
+from provision.floor import light
 from scripts.tasks.cli import CliTask, check_output_file, heartbeat, print_lines
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -31,10 +31,9 @@ from invoke import Task
 from invoke.exceptions import Exit, ParseError
 from invoke.parser.parser import ParseMachine
 
-from provision import light
-from scripts import outpaths, progress
+from provision.floor import exitcodes, light, outpaths, progress, signals
 
-INTERRUPTED_CODE = 130  # 128 + SIGINT, what shells report for Ctrl-C
+INTERRUPTED_CODE = exitcodes.INTERRUPTED  # the task modules' name for it
 
 
 HELP_WORDS = ("-h", "--help")
@@ -138,7 +137,7 @@ class FlagError(ParseError, Exit):
         ParseError.__init__(self, msg, context)
         self.text = msg
         self.message = None  # printed once, as the ParseError
-        self._code = 2
+        self._code = exitcodes.USAGE
 
     def __str__(self) -> str:
         return self.text
@@ -198,7 +197,7 @@ def name_tasks(ns: Any) -> None:
 
 def bad_flag(flag: str, value: object, fix: str) -> Exit:
     """The one shape of a flag error: exit 2, the flag, the value as given, what to do."""
-    return Exit(f"error: {flag} {outpaths.shown(value)}: {fix}", code=2)
+    return Exit(f"error: {flag} {outpaths.shown(value)}: {fix}", code=exitcodes.USAGE)
 
 
 def os_error_exit(name: str, err: OSError) -> Exit:
@@ -208,8 +207,10 @@ def os_error_exit(name: str, err: OSError) -> Exit:
     if err.filename2 is not None:
         where += f" -> {outpaths.shown(err.filename2)}"
     if err.errno == errno.ENAMETOOLONG:
-        return Exit(f"error: {name}: a path is too long{where}; use a shorter one", code=2)
-    return Exit(f"error: {name}: {err.strerror or err}{where}", code=1)
+        return Exit(
+            f"error: {name}: a path is too long{where}; use a shorter one", code=exitcodes.USAGE
+        )
+    return Exit(f"error: {name}: {err.strerror or err}{where}", code=exitcodes.FAILED)
 
 
 def int_flag(flag: str, value: object, minimum: int = 1, maximum: int | None = None) -> int | None:
@@ -287,11 +288,6 @@ def print_lines(lines: list[str]) -> None:
 _RECEIVED: list[int] = []  # the interrupting signals the running task got, in order
 
 
-def _raise_interrupt(signum: int, frame: object) -> None:
-    _RECEIVED.append(signum)
-    raise KeyboardInterrupt(f"signal {signum}")
-
-
 def _interrupted(name: str) -> Exit:
     how = "SIGTERM" if signal.SIGTERM in _RECEIVED else "Ctrl-C"
     print(f"{name}: interrupted ({how}); stopped", file=sys.stderr)
@@ -301,29 +297,15 @@ def _interrupted(name: str) -> Exit:
 @contextmanager
 def sigterm_as_interrupt() -> Iterator[None]:
     """Within the block, SIGTERM raises KeyboardInterrupt like Ctrl-C does."""
-    with _handling((signal.SIGTERM,)):
+    with signals.as_interrupt((signal.SIGTERM,), on_signal=_RECEIVED.append):
         yield
 
 
 @contextmanager
 def _signals_as_interrupt() -> Iterator[None]:
     """SIGINT and SIGTERM both raise KeyboardInterrupt, and are recorded in _RECEIVED."""
-    with _handling((signal.SIGINT, signal.SIGTERM)):
+    with signals.as_interrupt((signal.SIGINT, signal.SIGTERM), on_signal=_RECEIVED.append):
         yield
-
-
-@contextmanager
-def _handling(signums: tuple[int, ...]) -> Iterator[None]:
-    try:
-        previous: dict[int, Any] = {n: signal.signal(n, _raise_interrupt) for n in signums}
-    except ValueError:  # not the main thread: leave signals alone
-        yield
-        return
-    try:
-        yield
-    finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
 
 
 def heartbeat(label: str, **kwargs: Any) -> Any:

@@ -12,18 +12,10 @@ from pathlib import Path
 from invoke import Collection, task
 from invoke.exceptions import Exit
 
-from scripts import outpaths
+from provision.floor import exitcodes, outpaths
 from scripts.tasks.cli import CliTask, bad_flag, number_flag
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def _controller_cache() -> Path:
-    """Controller-side scratch for provisioning (same place `invoke provision` uses)."""
-    import os
-
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "torch-fl" / "provision"
 
 
 _COMMON_HELP = {
@@ -57,7 +49,7 @@ def _job(c, *, mode, coordinator, place, tag, count, farm_config, config, only, 
          artifacts, insecure_host_key, reserve_timeout, out, boot_timeout=None,
          **extra):  # fmt: skip
     from provision import config as config_mod
-    from provision import plan
+    from provision import run_inputs
     from provision.steps import Options
     from scripts.farm import selection, settings
     from scripts.farm.run import FarmJob
@@ -76,18 +68,9 @@ def _job(c, *, mode, coordinator, place, tag, count, farm_config, config, only, 
             raise ValueError(f"--count {outpaths.shown(count)} is not a whole number of places")
         requests = selection.requests(place or [], tag or [], int(count) if count else None)
         prov_section = c.config.get("provision") if hasattr(c, "config") else None
-        cfg = config_mod.load(config, config_mod.invoke_section(prov_section, "provision"))
-        steps = plan.select(only, skip, cfg["steps"]["skip"])
-        if artifacts is not None and not artifacts.strip():
-            raise ValueError("--artifacts '' is empty; give a directory or leave the flag out")
-        art = Path(artifacts).expanduser() if artifacts else None
-        problem = outpaths.lookup_problem(art) if art is not None else None
-        if problem:
-            raise ValueError(f"--artifacts {outpaths.shown(artifacts)}: {problem}")
-        if art is not None and not art.is_dir():
-            raise ValueError(f"--artifacts {artifacts} is not a directory")
+        inputs = run_inputs.read(prov_section, config, only, skip, artifacts)
     except (ValueError, config_mod.ConfigError) as exc:
-        raise Exit(f"farm.{mode}: {exc}", code=2) from None
+        raise Exit(f"farm.{mode}: {exc}", code=exitcodes.USAGE) from None
     timeout = _seconds("--reserve-timeout", reserve_timeout, 300.0)
     boot = _seconds("--boot-timeout", boot_timeout, 300.0)
     if out is not None:
@@ -99,10 +82,10 @@ def _job(c, *, mode, coordinator, place, tag, count, farm_config, config, only, 
         requests=requests,
         out_dir=Path(out) if out else ROOT / "out" / "farm",
         root=ROOT,
-        work_root=_controller_cache(),
-        provision_cfg=cfg,
-        selected_steps=steps,
-        options=Options(artifacts=art),
+        work_root=run_inputs.controller_cache(),
+        provision_cfg=inputs.cfg,
+        selected_steps=inputs.steps,
+        options=Options(artifacts=inputs.artifacts),
         insecure_host_key=insecure_host_key,
         reserve_timeout_s=timeout,
         boot_timeout_s=boot,
@@ -168,9 +151,14 @@ def test(c, lane=None, coordinator=None, place=None, tag=None, count=None, farm_
 
     lanes = [n.strip() for item in lane or [] for n in item.split(",") if n.strip()]
     if not lanes:
-        raise Exit("farm.test: name the lanes to run on the boards with --lane", code=2)
+        raise Exit(
+            "farm.test: name the lanes to run on the boards with --lane", code=exitcodes.USAGE
+        )
     if setup not in SETUP_MODES:
-        raise Exit(f"farm.test: --setup {setup!r} is not one of {', '.join(SETUP_MODES)}", code=2)
+        raise Exit(
+            f"farm.test: --setup {setup!r} is not one of {', '.join(SETUP_MODES)}",
+            code=exitcodes.USAGE,
+        )
     if board_python is not None and not board_python.strip():
         raise bad_flag(
             "--board-python", board_python, "give the board's interpreter (or leave the flag out)"
@@ -181,10 +169,13 @@ def test(c, lane=None, coordinator=None, place=None, tag=None, count=None, farm_
     try:
         known = load(ROOT / matrix_file).lanes
     except MatrixError as exc:
-        raise Exit(f"farm.test: {exc}", code=2) from None
+        raise Exit(f"farm.test: {exc}", code=exitcodes.USAGE) from None
     unknown = [n for n in lanes if n not in known]
     if unknown:
-        raise Exit(f"farm.test: unknown lane(s) {unknown}; {matrix_file} has {list(known)}", code=2)
+        raise Exit(
+            f"farm.test: unknown lane(s) {unknown}; {matrix_file} has {list(known)}",
+            code=exitcodes.USAGE,
+        )
     job = _job(c, mode="test", coordinator=coordinator, place=place, tag=tag, count=count,
                farm_config=farm_config, config=config, only=only, skip=skip, artifacts=artifacts,
                insecure_host_key=insecure_host_key, reserve_timeout=reserve_timeout, out=out,

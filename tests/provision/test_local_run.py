@@ -6,7 +6,8 @@ import json
 import os
 from pathlib import Path
 
-from provision import light, report
+from provision import report
+from provision.floor import light
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from provision import light
+from provision.floor import light
 
 atomic = light.load("atomic")
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from scripts import progress
+from provision.floor import progress
 from tasks import ns
 
 REPO = Path(__file__).resolve().parents[2]
@@ -165,7 +165,7 @@ def test_heartbeat_survives_a_closed_stream() -> None:
 
 def test_progress_loads_without_torch() -> None:
     code = (
-        "import sys; from scripts import progress; progress.load(); "
+        "import sys; from provision.floor import progress; progress.load(); "
         "assert 'torch' not in sys.modules, 'the heartbeat imported torch'"
     )
     env = dict(os.environ, PYTHONPATH=str(REPO))

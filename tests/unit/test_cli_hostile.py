@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from scripts import outpaths
+from provision.floor import outpaths
 
 REPO = Path(__file__).resolve().parents[2]
 INVOKE = [sys.executable, "-m", "invoke", "-r", str(REPO)]

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from scripts import outpaths
+from provision.floor import outpaths
 
 REPO = Path(__file__).resolve().parents[2]
 UNWRITABLE = Path("/proc/torch-fl-report.json")  # no one creates files here, root included

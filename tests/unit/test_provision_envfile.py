@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from provision import config, light, plan
+from provision import config, plan
 from provision.context import Context, Options
+from provision.floor import light
 from provision.results import NEEDED, OK, Inputs, X86PythonFound
 from provision.steps.envfile import STEP
 from provision.target import LocalTarget

@@ -1,7 +1,7 @@
 """The artifact cache's layout facts and its listing, in the standard library alone.
 
 `invoke cache.list` reads the cache without importing torch (seconds saved on every call):
-provision/light.py loads this file by path. cache.py builds on the same facts.
+provision/floor/light.py loads this file by path. cache.py builds on the same facts.
 """
 
 from __future__ import annotations

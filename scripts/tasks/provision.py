@@ -16,9 +16,10 @@ from invoke.exceptions import Exit
 
 from provision import config as config_mod
 from provision import facts as facts_mod
-from provision import multihost, pipeline, plan
+from provision import multihost, pipeline, plan, run_inputs
 from provision import report as report_mod
 from provision.context import Options
+from provision.floor import exitcodes, outpaths
 from provision.target import (
     HostSpec,
     LocalTarget,
@@ -28,22 +29,14 @@ from provision.target import (
     check_ssh_files,
     q,
 )
-from scripts import outpaths
 from scripts.tasks.cli import CliTask, sigterm_as_interrupt, write_json
 
-PROJECT_ROOT = Path(__file__).resolve().parents[1]
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
 REPORT_DIR = PROJECT_ROOT / "out" / "provision"
 
 
 def _bad_input(message: str) -> Exit:
-    return Exit(message=f"provision: {message}", code=2)
-
-
-def _controller_cache() -> Path:
-    import os
-
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "torch-fl" / "provision"
+    return Exit(message=f"provision: {message}", code=exitcodes.USAGE)
 
 
 def _report_path(json_flag: str | None, target_name: str, dry: bool) -> Path:
@@ -161,12 +154,8 @@ def _request(c, host, dry, only, skip, artifacts, oe_wheels, config, json, repor
     flag_name = "--json" if json else "--report"
     try:
         section = c.config.get("provision") if hasattr(c, "config") else None
-        cfg = config_mod.load(config, config_mod.invoke_section(section, "provision"))
-        selected = plan.select(only, skip, cfg["steps"]["skip"])
+        inputs = run_inputs.read(section, config, only, skip, artifacts)
         specs = multihost.split_hosts(host)
-        art_dir = Path(artifacts).expanduser() if artifacts else None
-        if art_dir is not None and not art_dir.is_dir():
-            raise ValueError(f"--artifacts {artifacts} is not a directory")
         wheel_dir = Path(oe_wheels).expanduser() if oe_wheels else None
         if wheel_dir is not None:
             from provision.wheels import list_wheels
@@ -178,8 +167,9 @@ def _request(c, host, dry, only, skip, artifacts, oe_wheels, config, json, repor
         raise _bad_input(f"{flag_name} - prints one host's report; give a file for several hosts")
     if json_flag and json_flag != "-":
         _check_report_path(flag_name, Path(json_flag).expanduser())
-    options = Options(artifacts=art_dir, oe_wheels=wheel_dir, dry=dry)
-    return _Request(cfg, selected, specs, options, bool(run_cfg.get("echo")), json_flag, flag_name)
+    options = Options(artifacts=inputs.artifacts, oe_wheels=wheel_dir, dry=dry)
+    echo = bool(run_cfg.get("echo"))
+    return _Request(inputs.cfg, inputs.steps, specs, options, echo, json_flag, flag_name)
 
 
 def _provision_several(req: _Request, insecure_host_key: bool) -> None:
@@ -195,7 +185,7 @@ def _provision_several(req: _Request, insecure_host_key: bool) -> None:
         options=req.options,
         insecure_host_key=insecure_host_key,
         out_dir=out_dir,
-        work_root=_controller_cache(),
+        work_root=run_inputs.controller_cache(),
         combined_path=Path(req.json_flag) if req.json_flag else None,
     )
     if code:
@@ -220,7 +210,7 @@ def _run_one(req: _Request, insecure_host_key: bool, started: float) -> pipeline
                               req.echo)  # fmt: skip
     except KeyboardInterrupt:
         print("provision: interrupted while connecting; nothing was changed", file=sys.stderr)
-        raise Exit(code=plan.INTERRUPTED_CODE) from None
+        raise Exit(code=exitcodes.INTERRUPTED) from None
     out_path = _report_path(req.json_flag, target.name, req.options.dry)
     _check_report_path(req.flag_name, out_path)
     try:
@@ -235,14 +225,14 @@ def _run_one(req: _Request, insecure_host_key: bool, started: float) -> pipeline
                 options=req.options,
                 report_path=out_path,
                 log_dir=out_path.parent / "logs",
-                work_dir=_controller_cache(),
+                work_dir=run_inputs.controller_cache(),
                 started=started,
             )
         except KeyboardInterrupt:
             # Interrupted in a read-only check (a dry run): nothing was applied.
             print("provision: interrupted during the checks; nothing was applied",
                   file=sys.stderr)  # fmt: skip
-            raise Exit(code=plan.INTERRUPTED_CODE) from None
+            raise Exit(code=exitcodes.INTERRUPTED) from None
         except pipeline.Busy as exc:
             raise _bad_input(f"{exc}; nothing was changed") from None
     finally:
@@ -260,7 +250,7 @@ def _gather(target, req: _Request) -> dict[str, Any]:
     except KeyboardInterrupt:
         print("provision: interrupted before any step ran; nothing was changed",
               file=sys.stderr)  # fmt: skip
-        raise Exit(code=plan.INTERRUPTED_CODE) from None
+        raise Exit(code=exitcodes.INTERRUPTED) from None
     return facts
 
 
@@ -295,7 +285,7 @@ def _open_target(spec, cfg: dict, insecure_host_key: bool, echo: bool):
     except TargetInputError as exc:
         raise _bad_input(str(exc)) from exc
     except TargetError as exc:
-        raise Exit(message=f"provision: {exc}", code=1) from exc
+        raise Exit(message=f"provision: {exc}", code=exitcodes.FAILED) from exc
 
 
 def register(ns: Collection) -> None:
