@@ -5,7 +5,11 @@ the two modules together), and counts strictly: each namespace it reads is an ed
 pkg.mod` and `from pkg import mod` depend on pkg's __init__ as well as on pkg.mod (see
 `_imported`). A cycle is a strongly connected component of more than one module.
 
-    python scripts/check_imports.py [REPO]      # exit 1 and one line per new cycle
+It also checks the layering (docs/architecture.md): the tooling's layers are stacked, lowest
+first, in `LAYERS`, and a module may import its own layer and those below, never one above;
+provision.floor imports only the standard library; torch_fl imports none of the tooling.
+
+    python scripts/check_imports.py [REPO]      # exit 1, one line per new cycle or upward import
 
 The lint lane runs it (scripts/testmatrix/runner.py), the unit lane tests it.
 """
@@ -22,6 +26,16 @@ ROOTS = ("torch_fl", "provision", "scripts")
 # Cycles that exist and are being taken apart; each entry goes once its cycle is gone (main()
 # says so). Any other cycle fails the check.
 KNOWN_CYCLES: frozenset[tuple[str, ...]] = frozenset()
+
+# The tooling's layers, lowest first: a module may import its own layer and the ones below.
+# scripts/ may use provisioning (and its target), provisioning never the invoke tasks or the
+# matrix, and the floor nothing of either. A module belongs to the longest prefix it matches.
+LAYERS: tuple[str, ...] = ("provision.floor", "provision", "scripts")
+# Packages that stand apart: they import nothing of the layers (the layers reach torch_fl's
+# standard-library-only files by path, provision/floor/light.py, or import it where torch is
+# meant to be there).
+SEPARATE: tuple[str, ...] = ("torch_fl",)
+STDLIB_ONLY: tuple[str, ...] = ("provision.floor",)  # may import nothing outside the stdlib
 
 Graph = dict[str, set[str]]
 Bindings = Mapping[str, "set[str] | None"]
@@ -152,6 +166,59 @@ def build_graph(modules: Mapping[str, Path]) -> Graph:
     return graph
 
 
+def _within(name: str, prefix: str) -> bool:
+    return name == prefix or name.startswith(prefix + ".")
+
+
+def layer_of(name: str) -> int | None:
+    """The index in LAYERS of the layer `name` belongs to (the longest prefix); None if none."""
+    matches = [i for i, prefix in enumerate(LAYERS) if _within(name, prefix)]
+    return max(matches, key=lambda i: len(LAYERS[i])) if matches else None
+
+
+def upward_imports(graph: Mapping[str, set[str]]) -> list[str]:
+    """One line per import that goes up the layering, or from a separate package into it."""
+    found = []
+    for name in sorted(graph):
+        mine = layer_of(name)
+        for target in sorted(graph[name]):
+            theirs = layer_of(target)
+            if theirs is None:
+                continue
+            if any(_within(name, root) for root in SEPARATE):
+                found.append(f"{name} imports {target}: {name.split('.')[0]} imports no tooling")
+            elif mine is not None and theirs > mine:
+                found.append(
+                    f"{name} imports {target}: {LAYERS[mine]} is below {LAYERS[theirs]} "
+                    f"(layers, lowest first: {' < '.join(LAYERS)})"
+                )
+    return found
+
+
+def non_stdlib_imports(repo: Path, modules: Mapping[str, Path]) -> list[str]:
+    """One line per import outside the standard library in a STDLIB_ONLY package."""
+    allowed = set(sys.stdlib_module_names) | {"__future__"}
+    found = []
+    for name, path in sorted(modules.items()):
+        floor = next((root for root in STDLIB_ONLY if _within(name, root)), None)
+        if floor is None:
+            continue
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), filename=str(path))):
+            for target in _raw_targets(node, package):
+                if target.split(".")[0] not in allowed and not _within(target, floor):
+                    found.append(f"{name} imports {target}: {floor} imports only the stdlib")
+    return found
+
+
+def _raw_targets(node: ast.AST, package: str) -> list[str]:
+    if isinstance(node, ast.Import):
+        return [alias.name for alias in node.names]
+    if isinstance(node, ast.ImportFrom):
+        return [_from_base(node, package)]
+    return []
+
+
 def cycles(graph: Mapping[str, set[str]]) -> list[list[str]]:
     """Strongly connected components with more than one module (Tarjan, iterative)."""
     index: dict[str, int] = {}
@@ -199,6 +266,12 @@ def check(repo: Path, roots: Iterable[str] = ROOTS) -> list[list[str]]:
     return cycles(build_graph(find_modules(repo, roots)))
 
 
+def check_layers(repo: Path, roots: Iterable[str] = ROOTS) -> list[str]:
+    """Every upward import and every non-stdlib import of the floor, one line each."""
+    modules = find_modules(repo, roots)
+    return upward_imports(build_graph(modules)) + non_stdlib_imports(repo, modules)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     repo = Path(args[0] if args else Path(__file__).resolve().parents[1]).resolve()
@@ -207,6 +280,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         found = {tuple(component) for component in check(repo)}
+        layering = check_layers(repo)
     except ValueError as exc:
         print(exc, file=sys.stderr)
         return 2
@@ -217,8 +291,11 @@ def main(argv: list[str] | None = None) -> int:
     new = sorted(found - KNOWN_CYCLES)
     for component in new:
         print("import cycle among: " + ", ".join(component))
+    for line in layering:
+        print("upward import: " + line)
     print(f"{len(new)} new import cycle(s) in {', '.join(ROOTS)}")
-    return 1 if new else 0
+    print(f"{len(layering)} import(s) against the layering ({' < '.join(LAYERS)})")
+    return 1 if new or layering else 0
 
 
 if __name__ == "__main__":

@@ -141,3 +141,49 @@ def test_bad_input_is_named(tmp_path, capsys):
     (tmp_path / "scripts" / "broken.py").write_text("def f(:\n")
     assert check_imports.main([str(tmp_path)]) == 2
     assert "broken.py: cannot parse" in capsys.readouterr().err
+
+
+def test_layering_finds_upward_imports(tmp_path, capsys):
+    repo = _package(
+        tmp_path,
+        {
+            "provision/__init__.py": "",
+            "provision/floor/__init__.py": "",
+            "provision/floor/codes.py": "import signal\nfrom provision.floor import paths\n",
+            "provision/floor/paths.py": "def helper():\n    from provision import plan\n",
+            "provision/plan.py": "from provision.floor import codes\nfrom scripts import tool\n",
+            "scripts/__init__.py": "",
+            "scripts/tool.py": "from provision import plan\nfrom provision.floor import codes\n",
+            "torch_fl/__init__.py": "",
+            "torch_fl/env.py": "from provision.floor import codes\n",
+        },
+    )
+    graph = check_imports.build_graph(check_imports.find_modules(repo))
+    found = check_imports.upward_imports(graph)
+    assert [line.split(":")[0] for line in found] == [
+        "provision.floor.paths imports provision",  # a function-local import counts too
+        "provision.floor.paths imports provision.plan",
+        "provision.plan imports scripts",
+        "provision.plan imports scripts.tool",
+        "torch_fl.env imports provision.floor",
+        "torch_fl.env imports provision.floor.codes",
+    ]
+    assert check_imports.main([str(repo)]) == 1
+    out = capsys.readouterr().out
+    assert "upward import: provision.plan imports scripts.tool: provision is below scripts" in out
+
+
+def test_the_floor_imports_only_the_standard_library(tmp_path):
+    repo = _package(
+        tmp_path,
+        {
+            "provision/__init__.py": "",
+            "provision/floor/__init__.py": "",
+            "provision/floor/ok.py": "from __future__ import annotations\nimport os.path\n"
+            "from . import other\n",
+            "provision/floor/other.py": "import yaml\n",
+        },
+    )
+    assert check_imports.check_layers(repo) == [
+        "provision.floor.other imports yaml: provision.floor imports only the stdlib"
+    ]
