@@ -136,6 +136,36 @@ def _check_pin(cfg: dict[str, Any], key: str) -> None:
         raise ConfigError(f"{key}.filename = {name!r} must be a plain file name")
 
 
+_PIN_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*==[0-9][A-Za-z0-9.+!-]*$")
+_RANGE_RE = re.compile(r"^\s*(>=|<=|==|>|<)\s*[0-9]+(\.[0-9]+)*\s*$")
+
+
+def _check_torch_env(cfg: dict[str, Any]) -> None:
+    """The board environment's pins: a typo here would only fail inside pip on the board."""
+    source = _get(cfg, "torch_env.torch.source")
+    if source not in ("auto", "wheelhouse", "index", "distro"):
+        raise ConfigError(
+            f"torch_env.torch.source = {source!r}: use auto, wheelhouse, index or distro"
+        )
+    version = _get(cfg, "torch_env.torch.version")
+    if not re.match(r"^[0-9]+(\.[0-9]+){1,2}$", str(version)):
+        raise ConfigError(f"torch_env.torch.version = {version!r}: a release like 2.13.0")
+    supported = str(_get(cfg, "torch_env.torch.supported"))
+    if not supported.strip() or not all(_RANGE_RE.match(c) for c in supported.split(",")):
+        raise ConfigError(
+            f"torch_env.torch.supported = {supported!r}: comparisons separated by commas, "
+            "like >=2.10,<2.15"
+        )
+    url = _get(cfg, "torch_env.torch.index_url")
+    if not str(url).startswith(("https://", "file://")):
+        raise ConfigError(f"torch_env.torch.index_url = {url!r}: an https:// (or file://) URL")
+    for pin in _get(cfg, "torch_env.wheels"):
+        if not _PIN_RE.match(pin):
+            raise ConfigError(
+                f"torch_env.wheels: {pin!r} is not pinned; write name==version (numpy==2.4.6)"
+            )
+
+
 def validate(cfg: dict[str, Any]) -> dict[str, Any]:
     """Raise ConfigError for the first bad value; return cfg unchanged when fine."""
     min_box64 = _get(cfg, "policy.min_box64")
@@ -161,7 +191,14 @@ def validate(cfg: dict[str, Any]) -> dict[str, Any]:
     skip = _get(cfg, "steps.skip")
     if not isinstance(skip, list) or any(s not in STEP_NAMES for s in skip):
         raise ConfigError(f"steps.skip = {skip!r}: a list of step names from {list(STEP_NAMES)}")
-    for key in ("x86_python.import_timeout_s", "build_verify.timeout_s", "ssh.connect_timeout_s"):
+    _check_torch_env(cfg)
+    for key in (
+        "x86_python.import_timeout_s",
+        "build_verify.timeout_s",
+        "ssh.connect_timeout_s",
+        "torch_env.timeout_s",
+        "torch_fl.build_timeout_s",
+    ):
         value = _get(cfg, key)
         if (
             isinstance(value, bool)

@@ -2,8 +2,8 @@
 
 A check returns a `CheckResult`: its status, the facts it saw (for the report) and, where later
 steps depend on it, a typed result in `provides` (`Box64Found`, `X86PythonFound`,
-`VendorRuntimeFound`). Steps never reach into each other: each names the steps it `requires`
-and the plan hands it their results as one `Inputs`.
+`VendorRuntimeFound`, `TorchEnvFound`, `TorchFlFound`). Steps never reach into each other: each
+names the steps it `requires` and the plan hands it their results as one `Inputs`.
 """
 
 from __future__ import annotations
@@ -43,7 +43,24 @@ class VendorRuntimeFound:
     ucp_lib: str
 
 
-Provided = Box64Found | X86PythonFound | VendorRuntimeFound
+@dataclass(frozen=True)
+class TorchEnvFound:
+    """The board's Python environment for torch-fl: a venv whose torch imports."""
+
+    python: str
+    torch_version: str
+    source: str  # wheelhouse | index | distro
+
+
+@dataclass(frozen=True)
+class TorchFlFound:
+    """torch-fl installed into that environment, built against its torch."""
+
+    python: str
+    torch_version: str
+
+
+Provided = Box64Found | X86PythonFound | VendorRuntimeFound | TorchEnvFound | TorchFlFound
 
 
 @dataclass
@@ -64,6 +81,8 @@ class Inputs:
     box64: Box64Found | None = None
     x86_python: X86PythonFound | None = None
     vendor_runtime: VendorRuntimeFound | None = None
+    torch_env: TorchEnvFound | None = None
+    torch_fl: TorchFlFound | None = None
 
 
 def not_applicable(why: str, **facts: Any) -> CheckResult:

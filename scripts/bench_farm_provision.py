@@ -29,7 +29,7 @@ from provision.multihost import HostJob, provision_hosts  # noqa: E402
 from provision.steps import Options  # noqa: E402
 from provision.target import parse_host  # noqa: E402
 
-SKIP = "x86_python,vendor_runtime,build_verify"
+SKIP = "x86_python,vendor_runtime,torch_env,torch_fl,build_verify"
 
 
 def _run(jobs: list[HostJob], cfg: dict, steps: list[str], work: Path) -> float:

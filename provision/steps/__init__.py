@@ -14,6 +14,8 @@ from provision.steps import (
     envfile,
     pagesize_probe,
     prereqs,
+    torch_env,
+    torch_fl_build,
     vendor_runtime,
     x86_python,
 )
@@ -27,6 +29,8 @@ _PIPELINE: tuple[Step, ...] = (
     x86_python.STEP,
     vendor_runtime.STEP,
     envfile.STEP,
+    torch_env.STEP,
+    torch_fl_build.STEP,
     build_verify.STEP,
 )
 STEP_NAMES: tuple[str, ...] = tuple(step.name for step in _PIPELINE)

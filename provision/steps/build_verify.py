@@ -87,32 +87,54 @@ def summarize(res: dict[str, Any] | None, raw: str) -> str:
     )
 
 
+# On a board the library was built by the torch_fl step; the proof compiles under both
+# executors a board without hbdk4 runs: eager (exact) and the int8 simulator.
+BOARD_EXECUTORS = ("eager", "sim")
+
+
 class BuildVerify:
     name = "build_verify"
     title = "build extension and verify torch.compile(backend='bpu')"
-    requires: tuple[str, ...] = ()
+    requires: tuple[str, ...] = ("torch_fl",)
 
     def python(self, ctx: Context) -> str:
         return str(ctx.config["build_verify"].get("python") or sys.executable)
 
-    def check(self, ctx: Context, inputs: Inputs) -> CheckResult:
-        if not ctx.target.is_local:
-            return not_applicable(
-                "remote target: run `invoke provision` on the board from a project checkout "
-                "to build and verify there"
-            )
-        py = self.python(ctx)
+    def run_snippet(self, ctx: Context, python: str, prefix: str = "") -> tuple[dict | None, str]:
         rc, out, err = ctx.sh(
-            f"cd {shlex.quote(str(PROJECT_ROOT))} && {shlex.quote(py)} -c "
-            f"{shlex.quote(VERIFY_SNIPPET)}",
+            f"{prefix}{shlex.quote(python)} -c {shlex.quote(VERIFY_SNIPPET)}",
             timeout=float(ctx.config["build_verify"]["timeout_s"]),
         )
         res = parse_verify(out)
-        detail = summarize(res, out + err)
+        return res, summarize(res, out + err)
+
+    def check(self, ctx: Context, inputs: Inputs) -> CheckResult:
+        if not ctx.target.is_local:
+            return self.check_board(ctx, inputs)
+        py = self.python(ctx)
+        res, detail = self.run_snippet(ctx, py, f"cd {shlex.quote(str(PROJECT_ROOT))} && ")
         facts = {"python": py, "result": res}
         if res is not None and res.get("ok"):
             return CheckResult(OK, facts, detail)
         return CheckResult(NEEDED, facts, detail)
+
+    def check_board(self, ctx: Context, inputs: Inputs) -> CheckResult:
+        """On a remote target: the installed library, from outside the sources, per executor."""
+        if inputs.torch_fl is None:
+            return not_applicable(
+                "remote target without torch-fl: the torch_env and torch_fl steps install it"
+            )
+        python = inputs.torch_fl.python
+        results, details = {}, []
+        for executor in BOARD_EXECUTORS:
+            res, detail = self.run_snippet(
+                ctx, python, f"cd / && env -u PYTHONPATH FLAGOS_BPU_EXECUTOR={executor} "
+            )
+            results[executor] = res
+            details.append(f"{executor}: {detail}")
+        facts = {"python": python, "result": results}
+        ok = all(r is not None and r.get("ok") for r in results.values())
+        return CheckResult(OK if ok else NEEDED, facts, "; ".join(details))
 
     def build_command(self, ctx: Context) -> str:
         py = shlex.quote(self.python(ctx))
@@ -130,6 +152,9 @@ class BuildVerify:
         )
 
     def apply(self, ctx: Context, before: CheckResult, inputs: Inputs) -> None:
+        if not ctx.target.is_local:
+            # Nothing to build here: the torch_fl step built it; a failing proof is the answer.
+            raise StepError(f"torch.compile(backend='bpu') fails on the board: {before.detail}")
         cmd = f"cd {shlex.quote(str(PROJECT_ROOT))} && {self.build_command(ctx)}"
         rc, log = ctx.run_long(
             self.name, cmd, timeout=float(ctx.config["build_verify"]["timeout_s"])

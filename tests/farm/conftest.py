@@ -18,7 +18,7 @@ from tests.support.sshd import SshServer, isolated_env
 REPO = Path(__file__).resolve().parents[2]
 # Provisioning the boards is not what these tests are about: only the fast, host-independent
 # steps run (box64 and the page-size probe are "not applicable" on an x86_64 board anyway).
-FAST_STEPS = "steps:\n  skip: [x86_python, vendor_runtime, build_verify]\n"
+FAST_STEPS = "steps:\n  skip: [x86_python, vendor_runtime, torch_env, torch_fl, build_verify]\n"
 
 
 @pytest.fixture(autouse=True)

@@ -23,7 +23,7 @@ from scripts.lab import vm, x86python
 
 # Steps that need the vendor OE package or the project checkout on the target; the lab has
 # neither (docs/board-lab.md), so the lane provisions what a large-page board decides.
-SKIP_STEPS = "vendor_runtime,build_verify"
+SKIP_STEPS = "vendor_runtime,torch_env,torch_fl,build_verify"
 
 
 @pytest.fixture(scope="session")

@@ -38,9 +38,10 @@ def iso(tmp_path: Path) -> tuple[Path, dict[str, str]]:
 
 @pytest.fixture
 def fast_config(tmp_path: Path) -> Path:
-    """Skips build_verify: it needs the built C++ extension and is covered separately."""
+    """Skips torch-fl's own install and proof (torch_env, torch_fl, build_verify): covered
+    separately (test_board_library.py, test_local_run.py), they take minutes."""
     path = tmp_path / "fast.yaml"
-    path.write_text("steps:\n  skip: [build_verify]\n", encoding="utf-8")
+    path.write_text("steps:\n  skip: [torch_env, torch_fl, build_verify]\n", encoding="utf-8")
     return path
 
 

@@ -37,7 +37,8 @@ def _trust(home: Path, servers: list[SshServer], trusted: list[SshServer]) -> No
 def _config(tmp_path: Path, identity: Path) -> Path:
     path = tmp_path / "multi.yaml"
     path.write_text(
-        f"steps:\n  skip: [build_verify]\nssh:\n  identity: {identity}\n", encoding="utf-8"
+        f"steps:\n  skip: [torch_env, torch_fl, build_verify]\nssh:\n  identity: {identity}\n",
+        encoding="utf-8",
     )
     return path
 

@@ -28,6 +28,12 @@ def test_defaults_are_valid_and_pinned():
         ({"steps": {"skip": ["box65"]}}, "steps.skip"),
         ({"box64": {"source": {"mb_per_job": 10}}}, "mb_per_job"),
         ({"build_verify": {"timeout_s": -1}}, "build_verify.timeout_s"),
+        ({"torch_env": {"torch": {"source": "pip"}}}, "torch_env.torch.source"),
+        ({"torch_env": {"torch": {"version": "latest"}}}, "torch_env.torch.version"),
+        ({"torch_env": {"torch": {"supported": "2.10"}}}, "torch_env.torch.supported"),
+        ({"torch_env": {"torch": {"index_url": "http://x/simple"}}}, "torch_env.torch.index_url"),
+        ({"torch_env": {"wheels": ["numpy"]}}, "torch_env.wheels"),
+        ({"torch_fl": {"build_timeout_s": 0}}, "torch_fl.build_timeout_s"),
     ],
 )
 def test_bad_values_name_key_and_fix(override, needle):
