@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from scripts.testmatrix.runner import make_xml_safe
+from scripts.testmatrix.junit import make_xml_safe
 
 SCHEMA = "torch-fl/farm-report/1"
 BAD_BUCKETS = ("failed", "unexpected-pass", "infra-error")

@@ -56,7 +56,9 @@ def test(
     Arguments after `--` go to pytest in every pytest lane run (`invoke test --lane unit -- -k
     envfile -x`), with the lanes' expectations still applied.
     """
-    from scripts.testmatrix.runner import INTERRUPTED, UsageError, run_matrix
+    from scripts.testmatrix.request import MatrixRun, UsageError
+    from scripts.testmatrix.results import INTERRUPTED
+    from scripts.testmatrix.runner import run_matrix
     from scripts.testmatrix.schema import MAX_WORKERS, MatrixError
 
     workers_n = int_flag("--workers", workers, maximum=MAX_WORKERS)
@@ -75,17 +77,19 @@ def test(
         pytest_args = pytest_args or ["-m", "not slow"]
     try:
         code = run_matrix(
-            root=ROOT,
-            matrix_file=ROOT / "matrix.yaml",
-            lanes=lanes or None,
-            platform=platform,
-            list_only=list,
-            json_path=Path(json).expanduser() if json else None,
-            junit_dir=Path(junit_dir).expanduser() if junit_dir else None,
-            workers=workers_n,
-            require=require or None,
-            rerun_failed=rerun_failed,
-            pytest_args=pytest_args,
+            MatrixRun(
+                root=ROOT,
+                matrix_file=ROOT / "matrix.yaml",
+                lanes=lanes or None,
+                platform=platform,
+                list_only=list,
+                json_path=Path(json).expanduser() if json else None,
+                junit_dir=Path(junit_dir).expanduser() if junit_dir else None,
+                workers=workers_n,
+                require=require or None,
+                rerun_failed=rerun_failed,
+                pytest_args=pytest_args,
+            )
         )
     except (MatrixError, UsageError) as err:
         raise Exit(f"error: {err}", code=2) from None

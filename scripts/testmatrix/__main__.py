@@ -39,23 +39,25 @@ def main(argv: list[str] | None = None) -> int:
         "--rerun-failed", action="store_true", help="rerun what failed in the last run"
     )
     args = parser.parse_args(argv)
-    from scripts.testmatrix.runner import UsageError, run_matrix
+    from scripts.testmatrix.request import MatrixRun, UsageError
+    from scripts.testmatrix.runner import run_matrix
 
     root = args.root.resolve()
+    run = MatrixRun(
+        root=root,
+        matrix_file=args.file or root / "matrix.yaml",
+        lanes=args.lane,
+        platform=args.platform,
+        list_only=args.list,
+        json_path=args.json,
+        junit_dir=args.junit_dir,
+        out_dir=args.out_dir,
+        workers=args.workers,
+        require=args.require,
+        rerun_failed=args.rerun_failed,
+    )
     try:
-        return run_matrix(
-            root=root,
-            matrix_file=args.file or root / "matrix.yaml",
-            lanes=args.lane,
-            platform=args.platform,
-            list_only=args.list,
-            json_path=args.json,
-            junit_dir=args.junit_dir,
-            out_dir=args.out_dir,
-            workers=args.workers,
-            require=args.require,
-            rerun_failed=args.rerun_failed,
-        )
+        return run_matrix(run)
     except (MatrixError, UsageError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -22,7 +22,8 @@ from invoke import Collection, Program
 
 from scripts.tasks import matrix as matrix_tasks
 from scripts.testmatrix import runner as runner_mod
-from scripts.testmatrix.runner import UsageError, run_matrix
+from scripts.testmatrix.request import MatrixRun, UsageError
+from scripts.testmatrix.runner import run_matrix
 from scripts.testmatrix.schema import MatrixError, load
 
 REPO = Path(__file__).resolve().parents[2]
@@ -43,7 +44,7 @@ def _tree(tmp_path: Path, lanes: str, files: dict[str, str]) -> Path:
 def _run(root: Path, **kwargs: Any) -> tuple[int, str, dict[str, Any]]:
     out = io.StringIO()
     kwargs.setdefault("caps", CAPS)
-    code = run_matrix(root=root, matrix_file=root / "matrix.yaml", stream=out, **kwargs)
+    code = run_matrix(MatrixRun(root=root, matrix_file=root / "matrix.yaml", **kwargs), stream=out)
     path = root / "out" / "matrix" / "summary.json"
     return code, out.getvalue(), json.loads(path.read_text()) if path.exists() else {}
 
@@ -386,22 +387,22 @@ def test_invoke_flag_errors_exit_2_with_a_message(
 
 
 def test_workers_reaches_the_runner_as_an_int(monkeypatch: pytest.MonkeyPatch) -> None:
-    seen: dict[str, Any] = {}
+    seen: list[MatrixRun] = []
 
-    def fake_run_matrix(**kwargs: Any) -> int:
-        seen.update(kwargs)
+    def fake_run_matrix(run: MatrixRun) -> int:
+        seen.append(run)
         return 0
 
     monkeypatch.setattr(runner_mod, "run_matrix", fake_run_matrix)
     _program().run(["invoke", "test", "--lane", "unit", "--workers", "1"], exit=False)
-    assert seen["workers"] == 1 and seen["lanes"] == ["unit"]
+    assert seen[0].workers == 1 and seen[0].lanes == ("unit",)
 
 
 def test_short_l_is_list(monkeypatch: pytest.MonkeyPatch) -> None:
-    seen: dict[str, Any] = {}
-    monkeypatch.setattr(runner_mod, "run_matrix", lambda **kw: seen.update(kw) or 0)
+    seen: list[MatrixRun] = []
+    monkeypatch.setattr(runner_mod, "run_matrix", lambda run: seen.append(run) or 0)
     _program().run(["invoke", "test", "-l"], exit=False)
-    assert seen["list_only"] is True
+    assert seen[0].list_only is True
 
 
 def test_matrix_update_ignores_the_runners_own_error_records(tmp_path: Path) -> None:
@@ -517,7 +518,7 @@ def test_interrupt_while_detecting_leaves_no_earlier_green_summary(
 
     monkeypatch.setattr(runner_mod, "detect", ctrl_c)
     stream = io.StringIO()
-    assert run_matrix(root=root, matrix_file=root / "matrix.yaml", stream=stream) == 130
+    assert run_matrix(MatrixRun(root=root, matrix_file=root / "matrix.yaml"), stream=stream) == 130
     out = root / "out" / "matrix"
     summary = json.loads((out / "summary.json").read_text())
     assert summary["interrupted"] is True and summary["exit_code"] == 130

@@ -16,6 +16,7 @@ import pytest
 from invoke import Collection, Program
 
 from scripts.tasks import matrix as matrix_tasks
+from scripts.testmatrix.request import MatrixRun
 from scripts.testmatrix.runner import run_matrix
 from scripts.testmatrix.schema import MatrixError
 
@@ -50,7 +51,7 @@ def _tree(
 def _run(root: Path, **kwargs: Any) -> tuple[int, str, dict[str, Any]]:
     out = io.StringIO()
     kwargs.setdefault("caps", CAPS)
-    code = run_matrix(root=root, matrix_file=root / "matrix.yaml", stream=out, **kwargs)
+    code = run_matrix(MatrixRun(root=root, matrix_file=root / "matrix.yaml", **kwargs), stream=out)
     summary_path = root / "out" / "matrix" / "summary.json"
     summary = json.loads(summary_path.read_text()) if summary_path.exists() else {}
     return code, out.getvalue(), summary

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from scripts.testmatrix.request import MatrixRun
 from scripts.testmatrix.runner import run_matrix
 from scripts.testmatrix.schema import MatrixError, load
 from scripts.testmatrix.update import main, read_junit
@@ -51,12 +52,12 @@ def ran(tmp_path: Path) -> Path:
     (tmp_path / "tests").mkdir()
     (tmp_path / "tests" / "test_u.py").write_text(TESTS)
     (tmp_path / "matrix.yaml").write_text(MATRIX)
-    code = run_matrix(
+    run = MatrixRun(
         root=tmp_path,
         matrix_file=tmp_path / "matrix.yaml",
-        stream=io.StringIO(),
         caps={"libcupti": False, "sshd": True},
     )
+    code = run_matrix(run, stream=io.StringIO())
     assert code == 1  # a new failure and an unexpected pass
     return tmp_path
 
