@@ -17,7 +17,7 @@ import pytest
 
 from provision.steps import torch_env, torch_fl_build
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.board_install]
 STEPS = "torch_env,torch_fl,build_verify"
 
 
