@@ -15,7 +15,7 @@ import torch
 
 from torch_fl._progress import Heartbeat
 from torch_fl.bpu.conversion import calibration_store as stored
-from torch_fl.bpu.conversion.calibration import Calibration, RangeObserver, health
+from torch_fl.bpu.conversion.calibration import Calibration, RangeObserver
 from torch_fl.bpu.errors import CalibrationError, CalibrationRunError
 from torch_fl.bpu.runtime import partition as runtime
 from torch_fl.bpu.settings import parse_option
@@ -31,17 +31,14 @@ class _Session:
         self.counts: dict[int, int] = {}
 
     def observe(self, part: runtime.PartitionRuntime, args) -> None:
-        from torch_fl.bpu.build import export_float
-
         if runtime._has_zero_size(args, part.entry.outputs):
             return  # an empty partition runs eagerly; exporting it would divide by zero
         host = cpu_views(args)
         if id(part) not in self.observers:
-            model = export_float(part.spec, host)
-            self.observers[id(part)] = (part, RangeObserver(model, self.method, self.percentile))
+            observer = part.range_observer(host, self.method, self.percentile)
+            self.observers[id(part)] = (part, observer)
             self.keys[id(part)] = part.calibration_keys(host)
-        observer = self.observers[id(part)][1]
-        observer.observe([host[i].detach().numpy() for i in part.spec.runtime_positions])
+        part.observe_inputs(self.observers[id(part)][1], host)
         self.counts[id(part)] = self.counts.get(id(part), 0) + 1
 
 
@@ -131,6 +128,84 @@ def _say(summary: dict, label: str) -> None:
         print(f"  {step['to']}: {', '.join(step['tensors'])} -> cosine {step['cosine_after']:.6f}")
 
 
+def _run_samples(
+    compiled_model: Any, samples: Iterable[Any], session: _Session, digest: str | None
+) -> tuple[int, bool]:
+    """Every sample through the model with `session` observing; (samples run, replayed): after
+    the first, the same samples calibrated before are found in the store and the run stops."""
+    positional = _positional_count(compiled_model)
+    total = len(samples) if isinstance(samples, Sequence) else None
+    token = runtime.CALIBRATION.set(session)
+    count = 0
+    try:
+        with torch.no_grad(), Heartbeat("calibrate", total=total) as beat:
+            for sample in samples:
+                _call(compiled_model, sample, positional)
+                count += 1
+                beat.update(done=count)
+                if (
+                    count == 1
+                    and digest is not None
+                    and _replay(session, digest, session.method, session.percentile)
+                ):
+                    return count, True
+    finally:
+        runtime.CALIBRATION.reset(token)
+    return count, False
+
+
+def _collect(
+    result: Calibration,
+    part: runtime.PartitionRuntime,
+    scales: dict[str, float],
+    names: Iterable[str],
+    precision: dict[str, str],
+) -> None:
+    """One partition's calibration into the returned `Calibration`."""
+    result.scales[part.spec.fingerprint] = scales
+    result.names[part.spec.fingerprint] = list(names)
+    result.families[part.spec.family] = part.spec.fingerprint
+    result.precision[part.spec.fingerprint] = precision
+
+
+def _calibrate_partition(
+    session: _Session,
+    ident: int,
+    target: float | None,
+    digest: str | None,
+    result: Calibration,
+) -> None:
+    """Scales from what one partition observed (moved to int16/float for `target`), made its
+    own, stored, and collected into `result`."""
+    part, observer = session.observers[ident]
+    method, settings = session.method, part.settings
+    scales = observer.scales()
+    precision: dict[str, str] = {}
+    label = f"partition {part.spec.index}"
+    if target is not None and settings.quantize:
+        from torch_fl.bpu.conversion.precision import promote
+
+        precision, summary = promote(observer, scales, settings.act_scale, target, settings.march)
+        summary["partition"] = part.spec.index
+        result.changes.append(summary)
+        _say(summary, label)
+    seen = session.counts[ident]
+    source = f"calibrate() on {seen} sample(s) ({method})"
+    if precision:
+        n16 = sum(v == "int16" for v in precision.values())
+        source += f", target {target}: {n16} int16, {len(precision) - n16} float"
+    # stacklevel 3: a poor-health warning points at the user's calibrate() call
+    record = part.record_calibration(
+        observer, scales, session.keys[ident], source, seen, method, label,
+        precision=precision, warn=target is None, stacklevel=3,
+    )  # fmt: skip
+    part.set_scales(scales, source, precision)
+    if digest is not None:
+        run_key = _run_key(session.keys[ident], digest, method, session.percentile)
+        stored.STORE.put_key(run_key, record, settings.cache_dir if settings.cache else None)
+    _collect(result, part, scales, observer.names, precision)
+
+
 def calibrate(
     compiled_model: Any,
     samples: Iterable[Any],
@@ -161,26 +236,7 @@ def calibrate(
     digest = samples_digest(samples)
     if digest is not None and target is not None:
         digest = stored._key(digest, "target", target)
-    positional = _positional_count(compiled_model)
-    total = len(samples) if isinstance(samples, Sequence) else None
-    token = runtime.CALIBRATION.set(session)
-    count = 0
-    replayed = False
-    try:
-        with torch.no_grad(), Heartbeat("calibrate", total=total) as beat:
-            for sample in samples:
-                _call(compiled_model, sample, positional)
-                count += 1
-                beat.update(done=count)
-                if (
-                    count == 1
-                    and digest is not None
-                    and _replay(session, digest, method, percentile)
-                ):
-                    replayed = True
-                    break
-    finally:
-        runtime.CALIBRATION.reset(token)
+    count, replayed = _run_samples(compiled_model, samples, session, digest)
     if count == 0:
         raise CalibrationError(
             "calibrate: no samples given; pass an iterable of input tensors/tuples"
@@ -194,43 +250,7 @@ def calibrate(
     for ident, (part, observer) in session.observers.items():
         if replayed:
             scales = dict(part.scales or {})
-            result.scales[part.spec.fingerprint] = scales
-            result.names[part.spec.fingerprint] = list(observer.names)
-            result.families[part.spec.family] = part.spec.fingerprint
-            result.precision[part.spec.fingerprint] = dict(part.precision)
-            continue
-        scales = observer.scales()
-        precision: dict[str, str] = {}
-        label = f"partition {part.spec.index}"
-        if target is not None and part.settings.quantize:
-            from torch_fl.bpu.conversion.precision import promote
-
-            precision, summary = promote(
-                observer, scales, part.settings.act_scale, target, part.settings.march
-            )
-            summary["partition"] = part.spec.index
-            result.changes.append(summary)
-            _say(summary, label)
-        if part.settings.quantize:
-            part.entry.quant_health = health(
-                observer, scales, part.settings.act_scale, label,
-                warn=target is None, precision=precision,
-            )  # fmt: skip
-        seen = session.counts[ident]
-        source = f"calibrate() on {seen} sample(s) ({method})"
-        if precision:
-            n16 = sum(v == "int16" for v in precision.values())
-            source += f", target {target}: {n16} int16, {len(precision) - n16} float"
-        part.set_scales(scales, source, precision)
-        settings = part.settings
-        record = stored.Record(scales, tuple(observer.names), source, seen, method, precision)
-        cache_dir = settings.cache_dir if settings.cache else None
-        stored.STORE.put(session.keys[ident], record, cache_dir)
-        if digest is not None:
-            run_key = _run_key(session.keys[ident], digest, method, percentile)
-            stored.STORE.put_key(run_key, record, cache_dir)
-        result.scales[part.spec.fingerprint] = scales
-        result.names[part.spec.fingerprint] = list(observer.names)
-        result.families[part.spec.family] = part.spec.fingerprint
-        result.precision[part.spec.fingerprint] = precision
+            _collect(result, part, scales, observer.names, dict(part.precision))
+        else:
+            _calibrate_partition(session, ident, target, digest, result)
     return result

@@ -57,6 +57,10 @@ class ExplainError(BpuError, RuntimeError):
     """explain() saw no graph reach the backend."""
 
 
+class PassRegistryError(BpuError, ValueError):
+    """A lowering pass registered wrongly (the same op twice, no op at all): a bug of ours."""
+
+
 _SURFACED: dict[type, type] = {}
 
 

@@ -203,32 +203,21 @@ def _session(model: onnx.ModelProto):
     return ort.InferenceSession(model.SerializeToString(), options, ["CPUExecutionProvider"])
 
 
-def health(
+def _health_stats(
     observer: RangeObserver,
     scales: Mapping[str, float],
     default_scale: float,
-    label: str = "partition",
-    warn: bool = True,
-    precision: Mapping[str, str] | None = None,
-) -> dict:
-    """How far the int8 partition is from the float one on the kept calibration samples.
-
-    Returns {"cosine": worst output cosine over the samples, "saturated_pct" / "zeroed_pct": share
-    of quantized activation values clipped at +-127 / non-zero values rounded to 0, and
-    "worst_tensor" with its own numbers}. Warns (once per call) when the cosine is below
-    HEALTH_COSINE, naming the partition and the worst tensor: a collapsed int8 graph must be
-    visible before it is deployed.
-    """
+    precision: Mapping[str, str] | None,
+) -> tuple[float, dict[str, list[float]]]:
+    """The worst output cosine (int8 vs float) over the kept samples, and per quantized tensor
+    [values, saturated, nonzero, zeroed] counts."""
     from torch_fl.bpu.conversion.qdq import quantize_model
 
-    if not observer.kept_inputs:
-        return {}
     quantized = quantize_model(observer.model, scales, default_scale, precision)
     float_session, int8_session = _session(observer.model), _session(quantized)
     out_names = [o.name for o in observer.model.graph.output]
     worst_cos = 1.0
     per_tensor: dict[str, list[float]] = {n: [0.0, 0.0, 0.0, 0.0] for n in observer.names}
-    # per tensor: [values, saturated, nonzero, zeroed]
     for inputs in observer.kept_inputs:
         feed = dict(zip(observer.input_names, inputs, strict=False))
         ref = float_session.run(out_names, feed)
@@ -245,6 +234,17 @@ def health(
             nonzero = ratio > 0
             stats[2] += int(np.count_nonzero(nonzero))
             stats[3] += int(np.count_nonzero(nonzero & (ratio < 0.5)))
+    return worst_cos, per_tensor
+
+
+def _health_summary(
+    worst_cos: float,
+    per_tensor: dict[str, list[float]],
+    scales: Mapping[str, float],
+    default_scale: float,
+    samples: int,
+) -> dict:
+    """`health`'s result from `_health_stats`: totals, and the worst tensor's own numbers."""
     total = sum(v[0] for v in per_tensor.values()) or 1.0
     saturated = sum(v[1] for v in per_tensor.values())
     nonzero = sum(v[2] for v in per_tensor.values()) or 1.0
@@ -259,7 +259,7 @@ def health(
         "cosine": round(worst_cos, 6),
         "saturated_pct": round(100.0 * saturated / total, 4),
         "zeroed_pct": round(100.0 * zeroed / nonzero, 4),
-        "samples": len(observer.kept_inputs),
+        "samples": samples,
     }
     if worst is not None:
         name, (count, sat, nz, zero) = worst
@@ -269,6 +269,33 @@ def health(
             "saturated_pct": round(100.0 * sat / max(count, 1.0), 4),
             "zeroed_pct": round(100.0 * zero / max(nz, 1.0), 4),
         }
+    return result
+
+
+def health(
+    observer: RangeObserver,
+    scales: Mapping[str, float],
+    default_scale: float,
+    label: str = "partition",
+    warn: bool = True,
+    precision: Mapping[str, str] | None = None,
+    stacklevel: int = 3,
+) -> dict:
+    """How far the int8 partition is from the float one on the kept calibration samples.
+
+    Returns {"cosine": worst output cosine over the samples, "saturated_pct" / "zeroed_pct": share
+    of quantized activation values clipped at +-127 / non-zero values rounded to 0, and
+    "worst_tensor" with its own numbers}. Warns (once per call) when the cosine is below
+    HEALTH_COSINE, naming the partition and the worst tensor: a collapsed int8 graph must be
+    visible before it is deployed. `stacklevel` is the warning's, as warnings.warn counts it
+    from here (3: the caller's caller).
+    """
+    if not observer.kept_inputs:
+        return {}
+    worst_cos, per_tensor = _health_stats(observer, scales, default_scale, precision)
+    result = _health_summary(
+        worst_cos, per_tensor, scales, default_scale, len(observer.kept_inputs)
+    )
     if warn and worst_cos < HEALTH_COSINE:
         detail = result.get("worst_tensor", {})
         warnings.warn(
@@ -279,7 +306,7 @@ def health(
             f"saturated, {detail.get('zeroed_pct', 0)}% rounded to zero). Fix: calibrate on "
             "representative inputs (more samples, method='percentile'), or keep this partition "
             "in float with options={'quantize': False}",
-            stacklevel=3,
+            stacklevel=stacklevel,
         )
     return result
 

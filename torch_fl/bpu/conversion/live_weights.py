@@ -29,12 +29,12 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from torch_fl.bpu.conversion.export import attribute
-from torch_fl.bpu.conversion.qdq import BIAS_QMAX
+from torch_fl.bpu.conversion.qdq import BIAS_QMAX, QUANTIZED_WEIGHT_OPS
 from torch_fl.bpu.errors import QuantizationError
 
-# op -> (weight slot, bias slot); the ops whose weights the Q/DQ pass quantizes per channel
-QUANTIZED_WEIGHT_OPS = {"Conv": (1, 2), "Gemm": (1, 2), "MatMul": (1, None)}
 QMAX = 127.0
+# QUANTIZED_WEIGHT_OPS (op -> weight slot, bias slot) is the Q/DQ pass's own table, so the slots
+# rewired here are always the ones it quantized
 
 
 @dataclass(frozen=True)

@@ -29,6 +29,7 @@ it). Which marches take int16 (and float16) activations is `marches.py`'s table.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import NamedTuple
 
 import numpy as np
 import onnx
@@ -37,7 +38,23 @@ from onnx import TensorProto, helper, numpy_helper
 from torch_fl.bpu.conversion.export import constant_names
 from torch_fl.bpu.errors import QuantizationError
 
-WEIGHT_OPS = {"Conv": 1, "Gemm": 1, "MatMul": 1}  # op -> index of the weight input
+
+class WeightSlots(NamedTuple):
+    """Where a quantized-weight op reads its weight, and its bias (None: it has none)."""
+
+    weight: int
+    bias: int | None
+
+
+# The one table of ops whose weights are quantized per channel (their biases to int32): the Q/DQ
+# pass here and the live-weights graph (live_weights.make_live) rewire the same slots.
+QUANTIZED_WEIGHT_OPS: dict[str, WeightSlots] = {
+    "Conv": WeightSlots(1, 2),
+    "Gemm": WeightSlots(1, 2),
+    "MatMul": WeightSlots(1, None),
+}
+WEIGHT_OPS = {op: slots.weight for op, slots in QUANTIZED_WEIGHT_OPS.items()}
+"""op -> index of the weight input (the view of `QUANTIZED_WEIGHT_OPS` most readers need)."""
 POOL_OPS = ("MaxPool", "AveragePool", "GlobalAveragePool")
 QUANT_OPS = tuple(WEIGHT_OPS) + POOL_OPS
 QMAX = 127
@@ -165,10 +182,10 @@ def bias_safe_scales(
     scales = {k: float(v) for k, v in act_scales.items()}
     inits = {i.name: i for i in model.graph.initializer}
     for node in model.graph.node:
-        widx = WEIGHT_OPS.get(node.op_type)
-        if widx is None or node.op_type == "MatMul" or len(node.input) < 3:
+        slots = QUANTIZED_WEIGHT_OPS.get(node.op_type)
+        if slots is None or slots.bias is None or len(node.input) <= slots.bias:
             continue
-        wname, bname, act = node.input[widx], node.input[2], node.input[0]
+        wname, bname, act = node.input[slots.weight], node.input[slots.bias], node.input[0]
         if wname not in inits or bname not in inits or act in inits:
             continue
         weight = numpy_helper.to_array(inits[wname]).astype(np.float32)
@@ -329,9 +346,10 @@ class _QdqGraph:
             widx = None  # the op runs in float (on the CPU): its weights stay float too
         if widx is not None and inputs[widx] in self.inits:
             inputs[widx], scales = self.weight_dq(node, inputs[widx])
-            bidx = 2
+            bidx = QUANTIZED_WEIGHT_OPS[node.op_type].bias
             if (
-                len(inputs) > bidx
+                bidx is not None
+                and len(inputs) > bidx
                 and inputs[bidx] in self.inits
                 and scales.ndim == 1
                 and node.input[0] in self.dq_of

@@ -8,6 +8,10 @@ a partition boundary. Each is replaced by the math it computes, traced with make
 reference formula below and inlined, so the partitioner sees only ops it supports. Causal masks
 come out as shape-only subgraphs (`ones`, `tril`) that `constants.fold_constants` turns into
 initializers. `_safe_softmax` (the softmax of SDPA's math path) becomes float-only ops too.
+
+Each fused op has one function registered in `DECOMPOSITIONS` (lowering/registry.py), with a
+validator for the forms it can replace (no dropout, no mask, one LSTM direction, ...); the
+function says which reference formula stands for the node and `decompose` traces and inlines it.
 """
 
 from __future__ import annotations
@@ -16,10 +20,13 @@ import logging
 import math
 import operator
 from collections.abc import Callable
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
 from torch import fx
+
+from torch_fl.bpu.lowering.registry import PassRegistry
 
 aten = torch.ops.aten
 log = logging.getLogger("torch_fl.bpu")
@@ -114,123 +121,170 @@ def lstm_layer(inp, w_ih, w_hh, b_ih, b_hh, hx, cx, reverse: bool):
     return torch.stack(outputs, 0), h.unsqueeze(0), c.unsqueeze(0)
 
 
-def _sdpa_args(node: fx.Node) -> dict | None:
-    """Keyword form of an SDPA-family node's inputs, or None if it cannot be decomposed."""
-    target = node.target
-    names = {
-        aten.scaled_dot_product_attention.default: (
-            "q", "k", "v", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa",
-        ),
-        aten._scaled_dot_product_flash_attention_for_cpu.default: (
-            "q", "k", "v", "dropout_p", "is_causal", "attn_mask", "scale",
-        ),
-        aten._scaled_dot_product_flash_attention.default: (
-            "q", "k", "v", "dropout_p", "is_causal", "return_debug_mask", "scale",
-        ),
-        aten._scaled_dot_product_efficient_attention.default: (
-            "q", "k", "v", "attn_bias", "compute_log_sumexp", "dropout_p", "is_causal", "scale",
-        ),
-        aten._scaled_dot_product_attention_math.default: (
-            "q", "k", "v", "attn_mask", "dropout_p", "is_causal", "dropout_mask", "scale",
-            "enable_gqa",
-        ),
-    }.get(target)  # fmt: skip
-    if names is None:
-        return None
+class Decomposition(NamedTuple):
+    """What replaces one fused node: `fn` of its tensor inputs, traced and inlined."""
+
+    fn: Callable
+    tensors: list
+    """The node's tensor inputs, in `fn`'s argument order."""
+    replaced: tuple[int, ...] | None
+    """The tuple outputs `fn` stands for (getitem indices); None: the node returns one tensor."""
+
+
+Decomposer = Callable[[fx.Node], Decomposition | None]
+"""A decomposition pass: the node's `Decomposition`, or None when it declines the node."""
+
+DECOMPOSITIONS: PassRegistry[Decomposer] = PassRegistry("decomposition")
+"""Every decomposition, by the fused op it handles, named after that op (`decompose` counts
+it so: "safe_softmax", "scaled_dot_product_flash_attention_for_cpu", ...)."""
+
+
+def _call_values(node: fx.Node, names: tuple[str, ...]) -> dict:
+    """The node's arguments by schema name (positional ones named by `names`, then kwargs)."""
     values = dict(zip(names, node.args, strict=False))
     values.update(node.kwargs)
+    return values
+
+
+@DECOMPOSITIONS.register(aten._safe_softmax.default)
+def _safe_softmax(node: fx.Node) -> Decomposition:
+    values = _call_values(node, ("self", "dim", "dtype"))
+    dim, dtype = values["dim"], values.get("dtype")
+
+    def softmax(x):
+        return safe_softmax(x, dim, dtype)
+
+    return Decomposition(softmax, [values["self"]], None)
+
+
+_RNN_ARGS = (
+    "input", "w0", "w1", "w2", "w3", "hx", "cx", "reverse", "batch_sizes", "mode",
+    "hidden_size", "num_layers", "has_biases", "bidirectional", "batch_first", "train",
+)  # fmt: skip
+_LSTM_MODE = 2  # the oneDNN kind for LSTM
+
+
+def _is_plain_lstm(node: fx.Node) -> bool:
+    # one unpacked, sequence-first, one-direction LSTM layer: what `lstm_layer` computes
+    values = _call_values(node, _RNN_ARGS)
+    return not (
+        values.get("mode") != _LSTM_MODE
+        or values.get("batch_sizes")
+        or values.get("batch_first")
+        or values.get("bidirectional")
+        or values.get("num_layers", 1) != 1
+    )
+
+
+@DECOMPOSITIONS.register(aten.mkldnn_rnn_layer.default, validator=_is_plain_lstm)
+def _lstm(node: fx.Node) -> Decomposition:
+    values = _call_values(node, _RNN_ARGS)
+    reverse = bool(values.get("reverse"))
+    tensors = [values[n] for n in ("input", "w0", "w1", "w2", "w3", "hx", "cx")]
+
+    def lstm(*ts):
+        return lstm_layer(*ts, reverse)
+
+    return Decomposition(lstm, tensors, (0, 1, 2))
+
+
+_SDPA_ARGS = {
+    aten.scaled_dot_product_attention.default: (
+        "q", "k", "v", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa",
+    ),
+    aten._scaled_dot_product_flash_attention_for_cpu.default: (
+        "q", "k", "v", "dropout_p", "is_causal", "attn_mask", "scale",
+    ),
+    aten._scaled_dot_product_flash_attention.default: (
+        "q", "k", "v", "dropout_p", "is_causal", "return_debug_mask", "scale",
+    ),
+    aten._scaled_dot_product_efficient_attention.default: (
+        "q", "k", "v", "attn_bias", "compute_log_sumexp", "dropout_p", "is_causal", "scale",
+    ),
+    aten._scaled_dot_product_attention_math.default: (
+        "q", "k", "v", "attn_mask", "dropout_p", "is_causal", "dropout_mask", "scale",
+        "enable_gqa",
+    ),
+}  # fmt: skip
+
+
+def _sdpa_values(node: fx.Node) -> dict:
+    """An SDPA-family node's arguments by name, its mask always under "attn_mask"."""
+    values = _call_values(node, _SDPA_ARGS[node.target])
     if "attn_bias" in values:
         values["attn_mask"] = values.pop("attn_bias")
-    if values.get("dropout_p", 0.0) not in (0, 0.0) or values.get("dropout_mask") is not None:
-        return None  # dropout is random: not an inference graph the BPU can run
-    return {
-        key: values.get(key)
-        for key in ("q", "k", "v", "attn_mask", "is_causal", "scale", "enable_gqa")
-    }
+    return values
 
 
-def _decomposition(node: fx.Node) -> tuple[Callable, list, tuple[int, ...] | None] | None:
-    """(function of the tensor inputs, those inputs, the tuple outputs it replaces (None: the
-    node returns one tensor))."""
-    target = node.target
-    if target is aten._safe_softmax.default:
-        values = dict(zip(("self", "dim", "dtype"), node.args, strict=False))
-        values.update(node.kwargs)
-        dim, dtype = values["dim"], values.get("dtype")
+def _no_dropout(node: fx.Node) -> bool:
+    # dropout is random: not an inference graph the BPU can run
+    values = _sdpa_values(node)
+    return values.get("dropout_p", 0.0) in (0, 0.0) and values.get("dropout_mask") is None
 
-        def softmax(x):
-            return safe_softmax(x, dim, dtype)
 
-        return softmax, [values["self"]], None
-    if target is aten.mkldnn_rnn_layer.default:
-        names = (
-            "input", "w0", "w1", "w2", "w3", "hx", "cx", "reverse", "batch_sizes", "mode",
-            "hidden_size", "num_layers", "has_biases", "bidirectional", "batch_first", "train",
-        )  # fmt: skip
-        values = dict(zip(names, node.args, strict=False))
-        values.update(node.kwargs)
-        lstm_mode = 2  # the oneDNN kind for LSTM
-        if (
-            values.get("mode") != lstm_mode
-            or values.get("batch_sizes")
-            or values.get("batch_first")
-            or values.get("bidirectional")
-            or values.get("num_layers", 1) != 1
-        ):
-            return None
-        reverse = bool(values.get("reverse"))
-        tensors = [values[n] for n in ("input", "w0", "w1", "w2", "w3", "hx", "cx")]
+@DECOMPOSITIONS.register(*_SDPA_ARGS, validator=_no_dropout)
+def _sdpa(node: fx.Node) -> Decomposition:
+    sdpa = _sdpa_values(node)
+    tensors = [sdpa.get("q"), sdpa.get("k"), sdpa.get("v")]
+    has_mask = isinstance(sdpa.get("attn_mask"), fx.Node)
+    if has_mask:
+        tensors.append(sdpa["attn_mask"])
+    causal, scale = bool(sdpa.get("is_causal")), sdpa.get("scale")
+    gqa = bool(sdpa.get("enable_gqa"))
 
-        def lstm(*ts):
-            return lstm_layer(*ts, reverse)
+    def fn(*qkv_mask):
+        mask = qkv_mask[3] if has_mask else None
+        return attention(*qkv_mask[:3], mask, causal, scale, gqa)
 
-        return lstm, tensors, (0, 1, 2)
-    sdpa = _sdpa_args(node)
-    if sdpa is not None:
-        tensors = [sdpa["q"], sdpa["k"], sdpa["v"]]
-        has_mask = isinstance(sdpa["attn_mask"], fx.Node)
-        if has_mask:
-            tensors.append(sdpa["attn_mask"])
-        causal, scale, gqa = bool(sdpa["is_causal"]), sdpa["scale"], bool(sdpa["enable_gqa"])
+    # only the public op returns one tensor; the kernels add logsumexp and friends
+    single = node.target is aten.scaled_dot_product_attention.default
+    return Decomposition(fn, tensors, None if single else (0,))
 
-        def fn(*qkv_mask):
-            mask = qkv_mask[3] if has_mask else None
-            return attention(*qkv_mask[:3], mask, causal, scale, gqa)
 
-        single = target is aten.scaled_dot_product_attention.default
-        return fn, tensors, None if single else (0,)
-    if target is aten._native_multi_head_attention.default:
-        names = (
-            "query", "key", "value", "embed_dim", "num_head", "qkv_weight", "qkv_bias",
-            "proj_weight", "proj_bias", "mask", "need_weights", "average_attn_weights",
-            "mask_type",
-        )  # fmt: skip
-        values = dict(zip(names, node.args, strict=False))
-        values.update(node.kwargs)
-        if values.get("mask") is not None:
-            return None
-        e, heads = values["embed_dim"], values["num_head"]
-        tensors = [values[n] for n in names[:3] + names[5:9]]
+_MHA_ARGS = (
+    "query", "key", "value", "embed_dim", "num_head", "qkv_weight", "qkv_bias",
+    "proj_weight", "proj_bias", "mask", "need_weights", "average_attn_weights", "mask_type",
+)  # fmt: skip
 
-        def mha(query, key, value, qkv_w, qkv_b, proj_w, proj_b):
-            return self_attention_block(query, key, value, e, heads, qkv_w, qkv_b, proj_w, proj_b)
 
-        return mha, tensors, (0,)
-    if target is aten._transformer_encoder_layer_fwd.default:
-        args = list(node.args) + [None] * (20 - len(node.args))
-        if args[18] is not None or node.kwargs.get("mask") is not None:
-            return None
-        e, heads, use_gelu, norm_first, eps = args[1], args[2], args[7], args[8], args[9]
-        tensor_slots = [0, 3, 4, 5, 6, 10, 11, 12, 13, 14, 15, 16, 17]
-        tensors = [args[i] for i in tensor_slots]
+def _mha_unmasked(node: fx.Node) -> bool:
+    return _call_values(node, _MHA_ARGS).get("mask") is None
 
-        def layer(src, qkv_w, qkv_b, proj_w, proj_b, *rest):
-            return encoder_layer(
-                src, e, heads, qkv_w, qkv_b, proj_w, proj_b, use_gelu, norm_first, eps, *rest
-            )
 
-        return layer, tensors, None
-    return None
+@DECOMPOSITIONS.register(aten._native_multi_head_attention.default, validator=_mha_unmasked)
+def _multi_head_attention(node: fx.Node) -> Decomposition:
+    values = _call_values(node, _MHA_ARGS)
+    e, heads = values["embed_dim"], values["num_head"]
+    tensors = [values[n] for n in _MHA_ARGS[:3] + _MHA_ARGS[5:9]]
+
+    def mha(query, key, value, qkv_w, qkv_b, proj_w, proj_b):
+        return self_attention_block(query, key, value, e, heads, qkv_w, qkv_b, proj_w, proj_b)
+
+    return Decomposition(mha, tensors, (0,))
+
+
+def _encoder_args(node: fx.Node) -> list:
+    # _transformer_encoder_layer_fwd has 20 parameters; the trailing optional ones may be absent
+    return list(node.args) + [None] * (20 - len(node.args))
+
+
+def _encoder_unmasked(node: fx.Node) -> bool:
+    return _encoder_args(node)[18] is None and node.kwargs.get("mask") is None
+
+
+@DECOMPOSITIONS.register(aten._transformer_encoder_layer_fwd.default, validator=_encoder_unmasked)
+def _encoder_layer(node: fx.Node) -> Decomposition:
+    args = _encoder_args(node)
+    e, heads, use_gelu, norm_first, eps = args[1], args[2], args[7], args[8], args[9]
+    tensor_slots = [0, 3, 4, 5, 6, 10, 11, 12, 13, 14, 15, 16, 17]
+    tensors = [args[i] for i in tensor_slots]
+
+    def layer(src, qkv_w, qkv_b, proj_w, proj_b, *rest):
+        return encoder_layer(
+            src, e, heads, qkv_w, qkv_b, proj_w, proj_b, use_gelu, norm_first, eps, *rest
+        )
+
+    return Decomposition(layer, tensors, None)
 
 
 def _trace(fn: Callable, tensors: list[fx.Node]) -> fx.GraphModule | None:
@@ -276,38 +330,45 @@ def _inline(gm: fx.GraphModule, node: fx.Node, sub: fx.GraphModule, tensors: lis
     return result
 
 
+def _decompose_node(gm: fx.GraphModule, node: fx.Node) -> str | None:
+    """Replace `node` by its registered decomposition; its name, or None if it stays fused."""
+    entry = DECOMPOSITIONS.find(node)
+    found = entry.fn(node) if entry is not None else None
+    if found is None:
+        return None
+    fn, tensors, replaced = found
+    if replaced is not None:
+        users = list(node.users)
+        if any(u.target is not operator.getitem or u.args[1] not in replaced for u in users):
+            return None  # an extra output (logsumexp, attention weights) is really used
+    try:
+        sub = _trace(fn, tensors)
+    except Exception as exc:  # leave the fused op (and its reason) to the partitioner
+        log.debug("decomposing %s failed: %s", node.target, exc)
+        sub = None
+    if sub is None:
+        return None
+    result = _inline(gm, node, sub, tensors)
+    if replaced is not None:
+        pieces = result if isinstance(result, (tuple, list)) else (result,)
+        for user in list(node.users):
+            user.replace_all_uses_with(pieces[user.args[1]])
+            gm.graph.erase_node(user)
+    else:
+        node.replace_all_uses_with(result)
+    gm.graph.erase_node(node)
+    return entry.name
+
+
 def decompose(gm: fx.GraphModule) -> dict[str, int]:
     """Replace fused attention/transformer nodes in place; return {op name: count}."""
     fired: dict[str, int] = {}
     for node in list(gm.graph.nodes):
         if node.op != "call_function":
             continue
-        found = _decomposition(node)
-        if found is None:
-            continue
-        fn, tensors, replaced = found
-        if replaced is not None:
-            users = list(node.users)
-            if any(u.target is not operator.getitem or u.args[1] not in replaced for u in users):
-                continue  # an extra output (logsumexp, attention weights) is really used
-        try:
-            sub = _trace(fn, tensors)
-        except Exception as exc:  # leave the fused op (and its reason) to the partitioner
-            log.debug("decomposing %s failed: %s", node.target, exc)
-            sub = None
-        if sub is None:
-            continue
-        result = _inline(gm, node, sub, tensors)
-        if replaced is not None:
-            pieces = result if isinstance(result, (tuple, list)) else (result,)
-            for user in list(node.users):
-                user.replace_all_uses_with(pieces[user.args[1]])
-                gm.graph.erase_node(user)
-        else:
-            node.replace_all_uses_with(result)
-        gm.graph.erase_node(node)
-        name = str(node.target.overloadpacket.__name__).lstrip("_")
-        fired[name] = fired.get(name, 0) + 1
+        name = _decompose_node(gm, node)
+        if name is not None:
+            fired[name] = fired.get(name, 0) + 1
     if fired:
         gm.graph.lint()
         gm.recompile()

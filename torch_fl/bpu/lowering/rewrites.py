@@ -10,21 +10,32 @@ Two kinds of trouble come out of aot_autograd:
 Fused attention/transformer kernels are decomposed first (`decompose`), then input-independent
 subgraphs are folded (`constants`). Each rewrite is semantically exact; a tuple op whose extra
 output is really used stays as it is.
+
+Each rewrite is one function registered in `REWRITES` (lowering/registry.py) for the op(s) it
+handles, with the name `apply_rewrites` counts it under; `_rewrite` only looks the op up.
 """
 
 from __future__ import annotations
 
 import operator
 from collections import Counter
+from collections.abc import Callable
 
 import torch
 from torch import fx
 
-from torch_fl.bpu.lowering import resize
 from torch_fl.bpu.lowering.constants import fold_constants
 from torch_fl.bpu.lowering.decompose import decompose
+from torch_fl.bpu.lowering.registry import PassRegistry
+from torch_fl.bpu.lowering.resize import to_aten as resize_to_aten
 
 aten = torch.ops.aten
+
+Rewrite = Callable[[fx.Graph, fx.Node], bool]
+"""A rewrite pass: change `node` (in `graph`) in place and say True, or decline with False."""
+
+REWRITES: PassRegistry[Rewrite] = PassRegistry("rewrite")
+"""Every rewrite, by the op it handles (`_rewrite` looks nodes up here)."""
 
 
 # Binary ops called with a Python number: the TorchScript exporter cannot trace the `.Tensor`
@@ -66,6 +77,7 @@ def _replace_tuple_op(graph: fx.Graph, node: fx.Node, target, args: tuple) -> bo
     return True
 
 
+@REWRITES.register(aten.split.Tensor, aten.split_with_sizes.default, name="split")
 def _split_to_slices(graph: fx.Graph, node: fx.Node) -> bool:
     """split/split_with_sizes read only through getitem -> one slice per piece (no tuple)."""
     x = node.args[0]
@@ -96,6 +108,7 @@ def _split_to_slices(graph: fx.Graph, node: fx.Node) -> bool:
     return True
 
 
+@REWRITES.register(aten.unbind.int, name="unbind")
 def _unbind_to_selects(graph: fx.Graph, node: fx.Node) -> bool:
     """unbind read only through getitem -> one select per piece (no tuple)."""
     users = list(node.users)
@@ -120,7 +133,8 @@ def _static_val(node) -> torch.Tensor | None:
     return None
 
 
-def _as_strided_to_permute(node: fx.Node) -> bool:
+@REWRITES.register(aten.as_strided.default, name="as_strided_permute")
+def _as_strided_to_permute(graph: fx.Graph, node: fx.Node) -> bool:
     """as_strided of a contiguous tensor that only reorders its dims -> permute."""
     x, size, stride = node.args[:3]
     offset = node.args[3] if len(node.args) > 3 else node.kwargs.get("storage_offset")
@@ -148,6 +162,7 @@ def _as_strided_to_permute(node: fx.Node) -> bool:
     return True
 
 
+@REWRITES.register(aten.slice_scatter.default, name="slice_scatter")
 def _slice_scatter_to_cat(graph: fx.Graph, node: fx.Node) -> bool:
     """slice_scatter(x, src, dim, start, end, 1) -> cat(x[..:start], src, x[end:..]) on dim."""
     names = ("input", "src", "dim", "start", "end", "step")
@@ -206,7 +221,10 @@ def adaptive_pool_window(node: fx.Node) -> tuple[int, int] | None | str:
     return h // out[0], w // out[1]
 
 
-def _adaptive_to_avg_pool(node: fx.Node) -> bool:
+@REWRITES.register(
+    aten._adaptive_avg_pool2d.default, aten.adaptive_avg_pool2d.default, name="adaptive_avg_pool"
+)
+def _adaptive_to_avg_pool(graph: fx.Graph, node: fx.Node) -> bool:
     # the exporter turns only a global adaptive pool into ONNX; one whose input is a multiple
     # of its output (AlexNet's 6x6, VGG's 7x7 at 224) is a plain average pool
     window = adaptive_pool_window(node)
@@ -217,6 +235,7 @@ def _adaptive_to_avg_pool(node: fx.Node) -> bool:
     return True
 
 
+@REWRITES.register(aten.addcmul.default, name="addcmul")
 def _addcmul_to_ops(graph: fx.Graph, node: fx.Node) -> bool:
     # a + value * b * c in elementwise ops the table takes (ConvNeXt-V2's GRN is an addcmul)
     a, b, c = node.args[:3]
@@ -238,7 +257,8 @@ def _addcmul_to_ops(graph: fx.Graph, node: fx.Node) -> bool:
     return True
 
 
-def _prelu_to_relu(graph: fx.Graph, node: fx.Node) -> None:
+@REWRITES.register(aten._prelu_kernel.default, name="prelu")
+def _prelu_to_relu(graph: fx.Graph, node: fx.Node) -> bool:
     # x if x > 0 else w * x  ==  relu(x) + w * min(x, 0), exactly (the other term is 0)
     x, weight = node.args
     xval = x.meta.get("val") if isinstance(x, fx.Node) else None
@@ -250,8 +270,10 @@ def _prelu_to_relu(graph: fx.Graph, node: fx.Node) -> None:
     scaled.meta["val"] = node.meta.get("val")
     node.target = aten.add.Tensor
     node.args = (pos, scaled)
+    return True
 
 
+@REWRITES.register(aten.copy.default, name="copy")
 def _drop_same_shape_copy(graph: fx.Graph, node: fx.Node) -> bool:
     # functional copy(dst, src): the value is src (in dst's shape and dtype)
     dst, src = _static_val(node.args[0]), _static_val(node.args[1])
@@ -281,75 +303,101 @@ def _to_copy_to_cast(node: fx.Node) -> bool:
     return False
 
 
+# -- the registered rewrites: one per pattern, looked up by the node's op ------------------------
+
+
+@REWRITES.register(aten._native_batch_norm_legit_no_training.default, name="batch_norm")
+def _batch_norm(graph: fx.Graph, node: fx.Node) -> bool:
+    x, w, b, mean, var, momentum, eps = node.args
+    args = (x, w, b, mean, var, False, momentum, eps, False)
+    return _replace_tuple_op(graph, node, aten.batch_norm.default, args)
+
+
+@REWRITES.register(aten.native_layer_norm.default, name="layer_norm")
+def _layer_norm(graph: fx.Graph, node: fx.Node) -> bool:
+    x, shape, w, b, eps = node.args
+    return _replace_tuple_op(graph, node, aten.layer_norm.default, (x, shape, w, b, eps, False))
+
+
+@REWRITES.register(aten.native_group_norm.default, name="group_norm")
+def _group_norm(graph: fx.Graph, node: fx.Node) -> bool:
+    x, w, b, _n, _c, _hw, groups, eps = node.args
+    return _replace_tuple_op(graph, node, aten.group_norm.default, (x, groups, w, b, eps, False))
+
+
+@REWRITES.register(aten.max_pool2d_with_indices.default, name="max_pool2d")
+def _max_pool2d(graph: fx.Graph, node: fx.Node) -> bool:
+    return _replace_tuple_op(graph, node, aten.max_pool2d.default, tuple(node.args))
+
+
+def _keeps_dtype(node: fx.Node) -> bool:
+    # half_to_float=True computes in float32 from a half input: no plain softmax does that
+    return not node.args[2]
+
+
+_PLAIN_SOFTMAX = {
+    aten._softmax.default: aten.softmax.int,
+    aten._log_softmax.default: aten.log_softmax.int,
+}
+
+
+@REWRITES.register(aten._softmax.default, name="softmax", validator=_keeps_dtype)
+@REWRITES.register(aten._log_softmax.default, name="log_softmax", validator=_keeps_dtype)
+def _plain_softmax(graph: fx.Graph, node: fx.Node) -> bool:
+    x, dim, _half_to_float = node.args
+    node.target = _PLAIN_SOFTMAX[node.target]
+    node.args = (x, dim)
+    return True
+
+
+@REWRITES.register(aten._unsafe_view.default, aten.view.default, name="reshape")
+def _view_to_reshape(graph: fx.Graph, node: fx.Node) -> bool:
+    node.target = aten.reshape.default
+    return True
+
+
+def _only_cast_kwargs(node: fx.Node) -> bool:
+    # memory_format, pin_memory, non_blocking: more than a cast, left to the partitioner
+    return set(node.kwargs) <= {"dtype", "layout", "device"}
+
+
+@REWRITES.register(aten._to_copy.default, name="cast", validator=_only_cast_kwargs)
+def _cast(graph: fx.Graph, node: fx.Node) -> bool:
+    return _to_copy_to_cast(node)
+
+
+@REWRITES.register(torch.ops.torch_fl_bpu.resize.default, name="resize")
+def _resize(graph: fx.Graph, node: fx.Node) -> bool:
+    return resize_to_aten(node)
+
+
+def _scalar_operand(node: fx.Node) -> bool:
+    return len(node.args) > 1 and not isinstance(node.args[1], fx.Node)
+
+
+@REWRITES.register(*_SCALAR_OVERLOADS, name="scalar_overload", validator=_scalar_operand)
+def _scalar_overload(graph: fx.Graph, node: fx.Node) -> bool:
+    node.target = _SCALAR_OVERLOADS[node.target]
+    return True
+
+
+def _is_matrix(node: fx.Node) -> bool:
+    return _rank(node.args[0]) == 2
+
+
+@REWRITES.register(aten.t.default, name="permute", validator=_is_matrix)
+def _transpose_to_permute(graph: fx.Graph, node: fx.Node) -> bool:
+    node.target = aten.permute.default
+    node.args = (node.args[0], [1, 0])
+    return True
+
+
 def _rewrite(graph: fx.Graph, node: fx.Node) -> str | None:
-    """Rewrite one node in place; return the rewrite's name or None."""
-    target = node.target
-    if target is aten._native_batch_norm_legit_no_training.default:
-        x, w, b, mean, var, momentum, eps = node.args
-        args = (x, w, b, mean, var, False, momentum, eps, False)
-        if _replace_tuple_op(graph, node, aten.batch_norm.default, args):
-            return "batch_norm"
-    elif target is aten.native_layer_norm.default:
-        x, shape, w, b, eps = node.args
-        if _replace_tuple_op(graph, node, aten.layer_norm.default, (x, shape, w, b, eps, False)):
-            return "layer_norm"
-    elif target is aten.native_group_norm.default:
-        x, w, b, _n, _c, _hw, groups, eps = node.args
-        if _replace_tuple_op(graph, node, aten.group_norm.default, (x, groups, w, b, eps, False)):
-            return "group_norm"
-    elif target is aten._prelu_kernel.default:
-        _prelu_to_relu(graph, node)
-        return "prelu"
-    elif target in (aten._adaptive_avg_pool2d.default, aten.adaptive_avg_pool2d.default):
-        if _adaptive_to_avg_pool(node):
-            return "adaptive_avg_pool"
-    elif target is aten.addcmul.default:
-        if _addcmul_to_ops(graph, node):
-            return "addcmul"
-    elif target is aten.max_pool2d_with_indices.default:
-        if _replace_tuple_op(graph, node, aten.max_pool2d.default, tuple(node.args)):
-            return "max_pool2d"
-    elif target in (aten._softmax.default, aten._log_softmax.default):
-        x, dim, half_to_float = node.args
-        if half_to_float:
-            return None
-        new_target = aten.softmax.int if target is aten._softmax.default else aten.log_softmax.int
-        node.target = new_target
-        node.args = (x, dim)
-        return "softmax" if new_target is aten.softmax.int else "log_softmax"
-    elif target in (aten._unsafe_view.default, aten.view.default):
-        node.target = aten.reshape.default
-        return "reshape"
-    elif target is aten.as_strided.default:
-        if _as_strided_to_permute(node):
-            return "as_strided_permute"
-    elif target is aten.slice_scatter.default:
-        if _slice_scatter_to_cat(graph, node):
-            return "slice_scatter"
-    elif target is aten.copy.default:
-        if _drop_same_shape_copy(graph, node):
-            return "copy"
-    elif target is aten._to_copy.default and set(node.kwargs) <= {"dtype", "layout", "device"}:
-        if _to_copy_to_cast(node):
-            return "cast"
-    elif target is aten.unbind.int:
-        if _unbind_to_selects(graph, node):
-            return "unbind"
-    elif target is torch.ops.torch_fl_bpu.resize.default:
-        if resize.to_aten(node):
-            return "resize"
-    elif target in (aten.split.Tensor, aten.split_with_sizes.default):
-        if _split_to_slices(graph, node):
-            return "split"
-    elif (
-        target in _SCALAR_OVERLOADS and len(node.args) > 1 and not isinstance(node.args[1], fx.Node)
-    ):
-        node.target = _SCALAR_OVERLOADS[target]
-        return "scalar_overload"
-    elif target is aten.t.default and _rank(node.args[0]) == 2:
-        node.target = aten.permute.default
-        node.args = (node.args[0], [1, 0])
-        return "permute"
+    """Rewrite one node in place with the pass registered for its op; return the rewrite's
+    name, or None (no pass for the op, its validator refused the node, or the pass declined)."""
+    entry = REWRITES.find(node)
+    if entry is not None and entry.fn(graph, node):
+        return entry.name
     return None
 
 

@@ -157,49 +157,58 @@ class PartitionRuntime(torch.nn.Module):
         weights = stored.weights_digest(host_args[p] for p in self.spec.frozen_positions)
         return stored.keys(self.spec.fingerprint, self.spec.family, weights)
 
+    # -- calibrating this partition: shared by the first call and calibrate() ----------------
+    def range_observer(
+        self, host: Sequence[torch.Tensor], method: str, percentile: float
+    ) -> RangeObserver:
+        """A range observer on this partition's float ONNX graph (exported with `host`)."""
+        return RangeObserver(export_float(self.spec, host), method, percentile)
+
+    def observe_inputs(self, observer: RangeObserver, host: Sequence[torch.Tensor]) -> None:
+        """Feed `observer` one call's runtime inputs (the frozen weights are in its graph)."""
+        observer.observe([host[i].detach().numpy() for i in self.spec.runtime_positions])
+
+    def record_calibration(
+        self,
+        observer: RangeObserver,
+        scales: dict[str, float],
+        keys: stored.Keys,
+        source: str,
+        samples: int,
+        method: str,
+        label: str,
+        precision: dict[str, str] | None = None,
+        warn: bool = True,
+        stacklevel: int = 1,
+    ) -> stored.Record:
+        """Calibrating one partition, after observing: the int8 health of `scales` in the report
+        (quantized builds), and the record in the calibration store under `keys`. The caller
+        then makes them this partition's scales (first call, or `set_scales`). `stacklevel`
+        places a poor-health warning as warnings.warn would from the caller."""
+        settings = self.settings
+        if settings.quantize:
+            self.entry.quant_health = health(
+                observer, scales, settings.act_scale, label,
+                warn=warn, precision=precision, stacklevel=stacklevel + 2,
+            )  # fmt: skip
+        record = stored.Record(
+            scales, tuple(observer.names), source, samples, method,
+            {} if precision is None else precision,
+        )  # fmt: skip
+        stored.STORE.put(keys, record, settings.cache_dir if settings.cache else None)
+        return record
+
     def _find_scales(self, host: Sequence[torch.Tensor]) -> None:
         """Scales for an int8 build: given, stored, carried over from another shape, or
         measured on this call; never the default scale without a warning (docs/compile.md)."""
         settings, spec = self.settings, self.spec
         label = f"partition {spec.index} ({spec.name}, {spec.fingerprint})"
-        if self.scales is not None:
+        if self.scales is not None or self._given_scales():
             return
-        given = settings.calibration
-        if given is not None:
-            found = given.for_partition(spec.fingerprint)
-            if found is not None:
-                self.scales = found
-                self.precision = given.precision_for(spec.fingerprint)
-                self._calibrated("options={'calibration': ...}")
-                return
         cache_dir = settings.cache_dir if settings.cache else None
         k = self.calibration_keys(host)
-        hit = stored.STORE.get(k.exact, cache_dir)
-        if hit is not None:
-            record, where = hit
-            self.scales = record.scales
-            self.precision = dict(record.precision)
-            self._calibrated(f"{record.source}; found in the {where} store", guessed=record.guessed)
+        if self._stored_scales(k, cache_dir) or self._carried_scales(host, k, cache_dir):
             return
-        # the same graph at another input shape: scales carried over by tensor position
-        family = given.for_family(spec.family) if given is not None else None
-        hit = stored.STORE.get(k.family, cache_dir)
-        if family is not None or hit is not None:
-            names = activation_inputs(export_float(spec, host))
-            for scales, old_names, source in (
-                (*family, "options={'calibration': ...}") if family else (None, None, ""),
-                (hit[0].scales, hit[0].names, hit[0].source) if hit else (None, None, ""),
-            ):
-                carried = stored.carry(scales, old_names, names) if scales else None
-                if carried is not None:
-                    self.scales = carried
-                    if hit is not None and not family:
-                        self.precision = stored.carry_precision(hit[0].precision, old_names, names)
-                    self._calibrated(
-                        f"{source}; carried over from another input shape",
-                        guessed=source.startswith(stored.FIRST_CALL),
-                    )
-                    return
         mode = settings.calibrate
         if mode == "require":
             raise CalibrationError(
@@ -217,23 +226,76 @@ class PartitionRuntime(torch.nn.Module):
                 )
             self._calibrated(f"default act_scale {settings.act_scale}", "uncalibrated")
             return
-        observer = RangeObserver(
-            export_float(spec, host), settings.calib_method, settings.calib_percentile
-        )
-        observer.observe([host[i].detach().numpy() for i in spec.runtime_positions])
+        self._first_call_scales(host, k, label)
+
+    def _given_scales(self) -> bool:
+        """options={'calibration': ...} names this very partition: its scales and precision."""
+        given = self.settings.calibration
+        found = given.for_partition(self.spec.fingerprint) if given is not None else None
+        if found is None:
+            return False
+        self.scales = found
+        self.precision = given.precision_for(self.spec.fingerprint)
+        self._calibrated("options={'calibration': ...}")
+        return True
+
+    def _stored_scales(self, k: stored.Keys, cache_dir: str | None) -> bool:
+        """The store holds a calibration of this graph with these weights: use it."""
+        hit = stored.STORE.get(k.exact, cache_dir)
+        if hit is None:
+            return False
+        record, where = hit
+        self.scales = record.scales
+        self.precision = dict(record.precision)
+        self._calibrated(f"{record.source}; found in the {where} store", guessed=record.guessed)
+        return True
+
+    def _carried_scales(
+        self, host: Sequence[torch.Tensor], k: stored.Keys, cache_dir: str | None
+    ) -> bool:
+        """The same graph at another input shape: scales carried over by tensor position."""
+        given = self.settings.calibration
+        family = given.for_family(self.spec.family) if given is not None else None
+        hit = stored.STORE.get(k.family, cache_dir)
+        if family is None and hit is None:
+            return False
+        names = activation_inputs(export_float(self.spec, host))
+        for scales, old_names, source in (
+            (*family, "options={'calibration': ...}") if family else (None, None, ""),
+            (hit[0].scales, hit[0].names, hit[0].source) if hit else (None, None, ""),
+        ):
+            carried = stored.carry(scales, old_names, names) if scales else None
+            if carried is not None:
+                self.scales = carried
+                if hit is not None and not family:
+                    self.precision = stored.carry_precision(hit[0].precision, old_names, names)
+                self._calibrated(
+                    f"{source}; carried over from another input shape",
+                    guessed=source.startswith(stored.FIRST_CALL),
+                )
+                return True
+        return False
+
+    def _first_call_scales(self, host: Sequence[torch.Tensor], k: stored.Keys, label: str) -> None:
+        """No calibration anywhere: measure one on the inputs of this call (calibrate='auto'
+        says so once, 'first-call' does not)."""
+        settings, spec = self.settings, self.spec
+        observer = self.range_observer(host, settings.calib_method, settings.calib_percentile)
+        self.observe_inputs(observer, host)
         self.scales = observer.scales()
-        self.entry.quant_health = health(observer, self.scales, settings.act_scale, label)
         source = f"{stored.FIRST_CALL} (1 sample, {settings.calib_method})"
-        record = stored.Record(self.scales, tuple(observer.names), source, 1, settings.calib_method)
-        stored.STORE.put(k, record, cache_dir)
+        # stacklevel 3: a poor-health warning points at _prepare's call (_find_scales's caller)
+        self.record_calibration(
+            observer, self.scales, k, source, 1, settings.calib_method, label, stacklevel=3
+        )
         self._calibrated(source, guessed=True)
-        if mode == "auto" and stored.STORE.first_warning(spec.fingerprint):
+        if settings.calibrate == "auto" and stored.STORE.first_warning(spec.fingerprint):
             warnings.warn(
                 f"torch_fl.bpu: {label} had no calibration; calibrated it on the inputs of its "
                 "first call (1 sample). For scales that hold on other inputs run "
                 "torch_fl.bpu.calibrate(compiled, representative_samples) once (it is kept for "
                 "recompiles and new processes); calibrate='first-call' silences this",
-                stacklevel=5,
+                stacklevel=6,
             )
 
     def _with_manual_precision(self, host: Sequence[torch.Tensor]) -> dict[str, str]:
