@@ -1,29 +1,27 @@
 """invoke tasks for the bpu compile backend: the artifact cache, x86-host compile, shipping.
 
 invoke cache.list [--json FILE|-] | cache.clean [--older-than-days N]
-invoke compile-host --model tests.compile.models:ResNet18 --shape 1,3,224,224 [--calibration F]
-invoke ship-cache --dest user@board[:DIR] | --dest /local/dir
+invoke compile-host --model tests.support.models:ResNet18 --shape 1,3,224,224 [--calibration F]
+invoke ship-cache --dest user@board[:port] [--dir DIR] | --dest /local/dir (scripts/tasks/ship.py)
 """
 
 from __future__ import annotations
 
 import contextlib
-import errno
 import importlib
 import math
 import os
 import re
-import shlex
 import shutil
 import sys
-import tarfile
-import tempfile
 from pathlib import Path
 
 from invoke import Collection, task
 from invoke.exceptions import Exit
 
 from provision.floor import light, outpaths
+from scripts.tasks import ship
+from scripts.tasks.cache_paths import cache_root
 from scripts.tasks.cli import (
     INTERRUPTED_CODE,
     CliTask,
@@ -33,31 +31,6 @@ from scripts.tasks.cli import (
     print_lines,
     write_json,
 )
-
-
-def _cache_root(cache_dir: str | None) -> Path:
-    if cache_dir is not None:
-        # An empty value must not fall back to the default cache (which clean would empty).
-        if not cache_dir.strip():
-            raise bad_flag("--cache-dir", cache_dir, "give a directory (or leave the flag out)")
-        return _checked_cache_dir("--cache-dir", cache_dir, Path(cache_dir).expanduser())
-    # settings.resolve().cache_dir, read the light way (the env file reader and the default are
-    # the same modules resolve() uses): the cache tasks must not wait for torch to import
-    raw, _where = light.load("envfile").lookup("FLAGOS_BPU_CACHE")
-    if raw and raw.strip():
-        path = Path(os.path.abspath(os.path.expanduser(raw)))
-        return _checked_cache_dir("FLAGOS_BPU_CACHE", raw, path)
-    return Path(light.load("bpu.cache_listing").default_cache_dir())
-
-
-def _checked_cache_dir(source: str, value: str, path: Path) -> Path:
-    problem = outpaths.lookup_problem(path)
-    if problem is None and path.exists() and not path.is_dir():
-        problem = "is a file; give the cache directory"
-    if problem:
-        raise bad_flag(source, value, problem)
-    return path
-
 
 # What the cache itself writes under index/ (`<graph key>.json`, and the atomic writer's
 # `.<name>.<pid>.<hex>.tmp`) and under artifacts/ while discarding (`.trash-<key>-<pid>-<ns>`).
@@ -104,11 +77,11 @@ def cache_list(c, cache_dir=None, json=None):
     """List cached BPU artifacts."""
     check_output_file("--json", json)
     # the standard-library listing, loaded without torch (cache.list answers in well under 1 s)
-    entries = light.load("bpu.cache_listing").list_entries(_cache_root(cache_dir))
+    entries = light.load("bpu.cache_listing").list_entries(cache_root(cache_dir))
     if json is not None:
         write_json(entries, json)
         return
-    lines = [f"{len(entries)} artifact(s) in {_cache_root(cache_dir)}"]
+    lines = [f"{len(entries)} artifact(s) in {cache_root(cache_dir)}"]
     if entries:
         lines.append(f"  {'key':<16}  {'bytes':>12}  {'march':<8} {'compiler':<24} files")
     for e in entries:
@@ -128,7 +101,7 @@ def cache_list(c, cache_dir=None, json=None):
 def cache_clean(c, older_than_days=None, cache_dir=None):
     """Remove cached BPU artifacts (all, or older than N days)."""
     days = number_flag("--older-than-days", older_than_days, minimum=0.0)
-    root = _cache_root(cache_dir)
+    root = cache_root(cache_dir)
     if not (root / "artifacts").is_dir():
         # Not a cache (or an empty one): ArtifactCache.clean would still remove ROOT/index.
         print(f"removed 0 artifact(s) (no artifacts/ in {root})")
@@ -199,7 +172,7 @@ def _load_model(spec: str):
 @task(
     klass=CliTask,
     help={
-        "model": "module:callable returning an nn.Module (e.g. tests.compile.models:ResNet18)",
+        "model": "module:callable returning an nn.Module (e.g. tests.support.models:ResNet18)",
         "shape": "input shape, comma separated (default 1,3,224,224)",
         "calibration": "calibration JSON from torch_fl.bpu.calibrate(...).save()",
         "march": "BPU march (default $FLAGOS_BPU_MARCH or nash-e)",
@@ -210,7 +183,7 @@ def compile_host(c, model, shape="1,3,224,224", calibration=None, march=None, st
     """Compile a model's partitions to .hbm artifacts with native hbdk4 (x86_64 host)."""
     # Every value is checked before torch imports (seconds) and before the compiler is looked for.
     if not _MODEL_SPEC.fullmatch(model.strip()):
-        raise bad_flag("MODEL", model, "give module:callable (e.g. tests.compile.models:ResNet18)")
+        raise bad_flag("MODEL", model, "give module:callable (e.g. tests.support.models:ResNet18)")
     model = model.strip()
     dims = _parse_shape(shape)
     calibration = _input_file("--calibration", calibration)
@@ -243,127 +216,7 @@ def compile_host(c, model, shape="1,3,224,224", calibration=None, march=None, st
         for rt in g.runtimes:
             b = rt.last_build
             print(f"partition {rt.spec.index}: key {b.artifact.key[:16]} compiled={b.compiled}")
-    print(f"artifacts in {_cache_root(None)}; ship them with `invoke ship-cache --dest ...`")
-
-
-@task(
-    klass=CliTask,
-    help={"dest": "user@host[:dir] (ssh) or a local directory", "cache_dir": "cache root"},
-)
-def ship_cache(c, dest, cache_dir=None):
-    """Copy the artifact cache (artifacts + index) to a board, where the same keys hit."""
-    if not dest.strip():
-        # Path("") is the current directory: an empty value must never unpack the cache here
-        raise bad_flag("DEST", dest, "give user@host[:dir] or a local directory")
-    remote = _is_remote(dest)
-    if not remote:
-        local = Path(dest).expanduser()
-        problem = outpaths.lookup_problem(local)
-        if problem is None and local.exists() and not local.is_dir():
-            problem = "is a file; give a directory (or user@host[:dir])"
-        problem = problem or outpaths.dir_problem(local)
-        if problem:
-            raise bad_flag("DEST", dest, problem)
-    root = _cache_root(cache_dir)
-    if not (root / "artifacts").is_dir():
-        raise SystemExit(f"nothing to ship: {root}/artifacts does not exist")
-    with tempfile.TemporaryDirectory() as tmp:
-        bundle = Path(tmp) / "bpu-cache.tar.gz"
-        with tarfile.open(bundle, "w:gz") as tar:
-            for sub in ("artifacts", "index"):
-                if (root / sub).is_dir():
-                    tar.add(root / sub, arcname=sub)
-        if remote:
-            _ship_remote(dest, bundle)
-        else:
-            _unpack_whole(bundle, local)
-    print(f"shipped {root} -> {dest}")
-
-
-def _is_remote(dest: str) -> bool:
-    """`user@host[:dir]` or `host:dir`: an `@` or `:` before the first `/`, in a DEST that does
-    not start like a path (`/backups/cache@2024` and `./a:b` are local directories)."""
-    if dest.startswith(("/", ".", "~")):
-        return False
-    head = dest.split("/", 1)[0]
-    return "@" in head or ":" in head
-
-
-def _ship_remote(dest: str, bundle: Path) -> None:
-    import secrets
-
-    from fabric import Connection
-    from invoke.exceptions import UnexpectedExit
-    from paramiko.ssh_exception import SSHException
-
-    host, _, remote_dir = dest.partition(":")
-    tarball = f"/tmp/bpu-cache-{os.getpid()}-{secrets.token_hex(4)}.tar.gz"
-    try:
-        conn = Connection(host)
-        conn.put(str(bundle), tarball)
-        conn.run(remote_unpack_script(remote_dir or "~/.cache/torch-fl/bpu", tarball), hide=True)
-    except (OSError, SSHException, UnexpectedExit, ValueError) as exc:
-        detail = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
-        raise Exit(
-            f"ship-cache: cannot copy to {host!r} over SSH ({detail}); a local directory whose "
-            "name holds '@' or ':' is written ./NAME or as an absolute path",
-            code=1,
-        ) from None
-
-
-def remote_unpack_script(remote_dir: str, tarball: str) -> str:
-    """The sh script that unpacks `tarball` into `remote_dir` on the board the way
-    _unpack_whole does here: beside first, then each entry moved in whole."""
-    # Quoted for the remote shell (a directory may hold spaces or `;`); `~/` kept as $HOME.
-    where = shlex.quote(remote_dir)
-    if remote_dir == "~" or remote_dir.startswith("~/"):
-        where = '"$HOME"' + shlex.quote(remote_dir[1:]) if remote_dir != "~" else '"$HOME"'
-    tar = shlex.quote(tarball)
-    return (
-        f'set -e; d={where}; mkdir -p "$d"; t="$d/.ship-$$"; mkdir -p "$t"; '
-        f"trap 'rm -rf \"$t\" {tar}' EXIT; "
-        f'tar -xzf {tar} -C "$t"; '
-        'for sub in artifacts index; do [ -d "$t/$sub" ] || continue; mkdir -p "$d/$sub"; '
-        'for e in "$t/$sub"/* "$t/$sub"/.[!.]*; do [ -e "$e" ] || continue; n="${e##*/}"; '
-        # mv into an existing directory would nest; move the old entry aside first
-        'if [ -d "$d/$sub/$n" ]; then mv "$d/$sub/$n" "$t/old-$sub-$n"; fi; '
-        'mv "$e" "$d/$sub/$n"; done; done'
-    )
-
-
-def _unpack_whole(bundle: Path, dest: Path) -> None:
-    """Unpack into a staging directory inside `dest`, then move each artifact and index file
-    into place with a rename: a copy interrupted (Ctrl-C) or run twice at once never leaves a
-    half-written entry where the cache would read it."""
-    dest.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=".ship-", dir=dest))
-    try:
-        with tarfile.open(bundle) as tar:
-            tar.extractall(staging / "new", filter="data")
-        for sub in ("artifacts", "index"):
-            if not (staging / "new" / sub).is_dir():
-                continue
-            (dest / sub).mkdir(exist_ok=True)
-            for entry in sorted((staging / "new" / sub).iterdir()):
-                _move_into_place(entry, dest / sub / entry.name, staging)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-
-
-def _move_into_place(entry: Path, final: Path, staging: Path) -> None:
-    """Rename `entry` to `final`. An entry already there (the same key: the same content) is
-    first renamed aside into `staging`, never merged file by file; a second copy running at
-    the same time may put its own in between, hence the retries."""
-    for attempt in range(5):
-        try:
-            os.replace(entry, final)
-            return
-        except OSError as err:
-            if err.errno not in (errno.ENOTEMPTY, errno.EEXIST, errno.EISDIR, errno.ENOTDIR):
-                raise
-        with contextlib.suppress(FileNotFoundError):
-            os.replace(final, staging / f"old-{final.parent.name}-{final.name}-{attempt}")
-    os.replace(entry, final)
+    print(f"artifacts in {cache_root(None)}; ship them with `invoke ship-cache --dest ...`")
 
 
 def register(ns: Collection) -> None:
@@ -373,4 +226,4 @@ def register(ns: Collection) -> None:
     cache.add_task(cache_clean, name="clean")
     ns.add_collection(cache)
     ns.add_task(compile_host, name="compile-host")
-    ns.add_task(ship_cache, name="ship-cache")
+    ns.add_task(ship.ship_cache, name="ship-cache")

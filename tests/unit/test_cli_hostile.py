@@ -239,7 +239,7 @@ def _cache_with(root: Path, count: int, size: int = 1000) -> None:
 def test_ship_cache_interrupted_leaves_no_half_entry(tmp_path: Path, monkeypatch) -> None:
     import tarfile
 
-    from scripts.tasks import bpu
+    from scripts.tasks import ship
 
     src = tmp_path / "src"
     _cache_with(src, 5)
@@ -248,7 +248,7 @@ def test_ship_cache_interrupted_leaves_no_half_entry(tmp_path: Path, monkeypatch
         tar.add(src / "artifacts", arcname="artifacts")
     dest = tmp_path / "dest"
     moved = []
-    real_move = bpu._move_into_place
+    real_move = ship._move_into_place
 
     def move_then_interrupt(entry: Path, final: Path, staging: Path) -> None:
         if len(moved) == 2:
@@ -256,18 +256,18 @@ def test_ship_cache_interrupted_leaves_no_half_entry(tmp_path: Path, monkeypatch
         real_move(entry, final, staging)
         moved.append(final.name)
 
-    monkeypatch.setattr(bpu, "_move_into_place", move_then_interrupt)
+    monkeypatch.setattr(ship, "_move_into_place", move_then_interrupt)
     with pytest.raises(KeyboardInterrupt):
-        bpu._unpack_whole(bundle, dest)
+        ship._unpack_whole(bundle, dest)
     assert sorted(p.name for p in dest.iterdir()) == ["artifacts"]  # no staging left
     entries = list((dest / "artifacts").iterdir())
     assert sorted(e.name for e in entries) == sorted(moved)
     assert all(
         sorted(p.name for p in e.iterdir()) == ["manifest.json", "model.hbm"] for e in entries
     )
-    monkeypatch.setattr(bpu, "_move_into_place", real_move)
+    monkeypatch.setattr(ship, "_move_into_place", real_move)
     for _ in range(2):  # again, over what is there: each entry replaced whole, never nested
-        bpu._unpack_whole(bundle, dest)
+        ship._unpack_whole(bundle, dest)
     assert len(list((dest / "artifacts").iterdir())) == 5
     assert all(not (e / e.name).exists() for e in (dest / "artifacts").iterdir())
     assert sorted(p.name for p in dest.iterdir()) == ["artifacts"]
@@ -279,7 +279,7 @@ def test_ship_cache_remote_script_unpacks_whole_entries(tmp_path: Path) -> None:
     import shutil
     import tarfile
 
-    from scripts.tasks import bpu
+    from scripts.tasks import ship
 
     src = tmp_path / "src"
     _cache_with(src, 2)
@@ -289,7 +289,7 @@ def test_ship_cache_remote_script_unpacks_whole_entries(tmp_path: Path) -> None:
         with tarfile.open(tarball, "w:gz") as tar:
             tar.add(src / "artifacts", arcname="artifacts")
             tar.add(src / "index", arcname="index")
-        script = bpu.remote_unpack_script("~/my cache; x", str(tarball))
+        script = ship.remote_unpack_script("~/my cache; x", str(tarball))
         env = {"HOME": str(tmp_path / "board"), "PATH": os.environ.get("PATH", "/usr/bin:/bin")}
         (tmp_path / "board").mkdir(exist_ok=True)
         subprocess.run(["sh", "-c", script], env=env, check=True, timeout=60)
@@ -307,9 +307,9 @@ def test_ship_cache_remote_script_unpacks_whole_entries(tmp_path: Path) -> None:
      ("/backups/cache@2024", False), ("./a:b", False), ("~/c@x", False), ("plain", False)],
 )  # fmt: skip
 def test_ship_cache_tells_a_board_from_a_local_directory(dest: str, remote: bool) -> None:
-    from scripts.tasks import bpu
+    from scripts.tasks import ship
 
-    assert bpu._is_remote(dest) is remote  # `/x/cache@2024` went to SSH as a host
+    assert ship.is_remote(dest) is remote  # `/x/cache@2024` went to SSH as a host
 
 
 # -- Ctrl-C and SIGTERM: 130 and one line ---------------------------------------------------------
