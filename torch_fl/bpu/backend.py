@@ -80,6 +80,50 @@ def _static_indices(n_inputs: int) -> set[int]:
     return {i for i in indices if i < n_inputs}
 
 
+def _partition(
+    number: int,
+    name: str,
+    call: fx.Node,
+    fused: fx.GraphModule,
+    frozen_inputs: set[fx.Node],
+    plan,
+    kind: str,
+) -> tuple[PartitionSpec, PartitionEntry]:
+    """The spec a partition runtime is built from, and its row in the report."""
+    sub = fused.get_submodule(name)
+    sub_inputs = [n for n in sub.graph.nodes if n.op == "placeholder"]
+    # Parameters/buffers (static inputs) and constants folded at compile time (get_attr).
+    frozen = tuple(
+        i
+        for i, a in enumerate(call.args)
+        if isinstance(a, fx.Node) and (a in frozen_inputs or a.op == "get_attr")
+    )
+    runtime_positions = tuple(i for i in range(len(call.args)) if i not in frozen)
+    output = next(n for n in sub.graph.nodes if n.op == "output")
+    outs = list(output.args[0])
+    spec = PartitionSpec(
+        index=number,
+        name=name,
+        gm=sub,
+        frozen_positions=frozen,
+        runtime_positions=runtime_positions,
+        input_names=tuple(sub_inputs[i].name for i in runtime_positions),
+        n_outputs=len(outs),
+    )
+    entry = PartitionEntry(
+        id=number,
+        name=name,
+        compute_nodes=plan.compute_counts[name],
+        nodes=sum(1 for n in sub.graph.nodes if n.op == "call_function"),
+        inputs=[_shape(sub_inputs[i]) for i in runtime_positions],
+        outputs=[_shape(o) if isinstance(o, fx.Node) else None for o in outs],
+        frozen_params=len(frozen),
+        executor=kind,
+        fingerprint=spec.fingerprint,
+    )
+    return spec, entry
+
+
 def compile_inference(
     gm: fx.GraphModule, example_inputs, settings: BpuSettings, grad_mode: str = INFERENCE
 ):
@@ -111,41 +155,10 @@ def compile_inference(
         )
 
     placeholders = [n for n in fused.graph.nodes if n.op == "placeholder"]
-    index_of = {node: i for i, node in enumerate(placeholders)}
+    frozen_inputs = {n for i, n in enumerate(placeholders) if i in static}
     calls = {n.target: n for n in fused.graph.nodes if n.op == "call_module"}
     for number, name in enumerate(plan.partition_names):
-        call = calls[name]
-        sub = fused.get_submodule(name)
-        sub_inputs = [n for n in sub.graph.nodes if n.op == "placeholder"]
-        # Parameters/buffers (static inputs) and constants folded at compile time (get_attr).
-        frozen = tuple(
-            i
-            for i, a in enumerate(call.args)
-            if isinstance(a, fx.Node) and (index_of.get(a) in static or a.op == "get_attr")
-        )
-        runtime_positions = tuple(i for i in range(len(call.args)) if i not in frozen)
-        output = next(n for n in sub.graph.nodes if n.op == "output")
-        outs = list(output.args[0])
-        spec = PartitionSpec(
-            index=number,
-            name=name,
-            gm=sub,
-            frozen_positions=frozen,
-            runtime_positions=runtime_positions,
-            input_names=tuple(sub_inputs[i].name for i in runtime_positions),
-            n_outputs=len(outs),
-        )
-        entry = PartitionEntry(
-            id=number,
-            name=name,
-            compute_nodes=plan.compute_counts[name],
-            nodes=sum(1 for n in sub.graph.nodes if n.op == "call_function"),
-            inputs=[_shape(sub_inputs[i]) for i in runtime_positions],
-            outputs=[_shape(o) if isinstance(o, fx.Node) else None for o in outs],
-            frozen_params=len(frozen),
-            executor=kind,
-            fingerprint=spec.fingerprint,
-        )
+        spec, entry = _partition(number, name, calls[name], fused, frozen_inputs, plan, kind)
         greport.partitions.append(entry)
         part = PartitionRuntime(spec, settings, kind, reason, entry)
         greport.runtimes.append(part)

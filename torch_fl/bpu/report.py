@@ -128,13 +128,27 @@ class Report:
         return json.dumps(self.to_dict(), indent=1)
 
     def table(self) -> str:
+        """The explain() text: coverage, one row per partition, then each section that applies."""
         lines = [
             f"BPU coverage: {sum(g.compute_in_partitions for g in self.graphs)}/"
             f"{self.compute_total} compute nodes in {len(self.partitions)} partition(s) "
             f"({self.coverage_pct}%), running BPU numerics: {self.offloaded_pct}%"
         ]
+        for section in (
+            self._partition_rows,
+            self._kernel_lines,
+            self._calibration_lines,
+            self._break_lines,
+            self._health_lines,
+            self._worst_layer_lines,
+            self._cpu_lines,
+        ):
+            lines += section()
+        return "\n".join(lines)
+
+    def _partition_rows(self) -> list[str]:
         head = f"{'graph':>5} {'part':>4} {'executor':<8} {'compute':>7} {'nodes':>5} "
-        lines.append(head + f"{'frozen':>6}  inputs -> outputs")
+        lines = [head + f"{'frozen':>6}  inputs -> outputs"]
         for g in self.graphs:
             for p in g.partitions:
                 shapes = f"{_shapes(p.inputs)} -> {_shapes(p.outputs)}"
@@ -143,65 +157,82 @@ class Report:
                     f"{p.nodes:>5} {p.frozen_params:>6}  {shapes}"
                     + (f"  ({p.executor_reason})" if p.executor_reason else "")
                 )
+        return lines
+
+    def _kernel_lines(self) -> list[str]:
         kernels = {
             (p.sim_kernels["path"], p.sim_kernels["reason"])
             for p in self.partitions
             if p.sim_kernels and p.executor == "sim"
         }
-        for path, why in sorted(kernels):
-            lines.append(f"sim kernels: {path} ({why})")
+        return [f"sim kernels: {path} ({why})" for path, why in sorted(kernels)]
+
+    def _calibration_lines(self) -> list[str]:
         calibrations = [(g.graph_id, p) for g in self.graphs for p in g.partitions if p.calibration]
-        if calibrations:
-            lines.append("calibration: graph/part state (source)")
-            for graph_id, p in calibrations:
-                cal = p.calibration
-                flag = "  DEFAULT SCALE" if cal["state"] == "uncalibrated" else ""
-                lines.append(f"  {graph_id}/{p.id} {cal['state']} ({cal['source']}){flag}")
+        if not calibrations:
+            return []
+        lines = ["calibration: graph/part state (source)"]
+        for graph_id, p in calibrations:
+            cal = p.calibration
+            flag = "  DEFAULT SCALE" if cal["state"] == "uncalibrated" else ""
+            lines.append(f"  {graph_id}/{p.id} {cal['state']} ({cal['source']}){flag}")
+        return lines
+
+    def _break_lines(self) -> list[str]:
+        lines = []
         if self.graph_breaks:
             lines.append(
                 f"Dynamo graph breaks: {len(self.graph_breaks)} (the code after each ran eagerly "
                 "on the CPU and is not counted above):"
             )
-            for brk in self.graph_breaks:
-                lines.append(f"  {brk['where']}: {brk['reason']}")
+            lines += [f"  {brk['where']}: {brk['reason']}" for brk in self.graph_breaks]
         host = [g for g in self.graphs if g.grad_mode == "host-training"]
         if host:
             lines.append(
                 f"grad mode: {len(host)} graph(s) ran on the host as training graphs "
                 "(see the reasons below)"
             )
+        return lines
+
+    def _health_lines(self) -> list[str]:
         healths = [(g.graph_id, p) for g in self.graphs for p in g.partitions if p.quant_health]
-        if healths:
-            lines.append("int8 health (calibration samples): graph/part cosine sat% zeroed% worst")
-            for graph_id, p in healths:
-                h = p.quant_health
-                worst = h.get("worst_tensor", {})
-                flag = "  LOW" if h["cosine"] < 0.99 else ""
-                lines.append(
-                    f"  {graph_id}/{p.id} {h['cosine']:.5f} {h['saturated_pct']:.3f} "
-                    f"{h['zeroed_pct']:.3f} {worst.get('name', '-')}{flag}"
-                )
+        if not healths:
+            return []
+        lines = ["int8 health (calibration samples): graph/part cosine sat% zeroed% worst"]
+        for graph_id, p in healths:
+            h = p.quant_health
+            worst = h.get("worst_tensor", {})
+            flag = "  LOW" if h["cosine"] < 0.99 else ""
+            lines.append(
+                f"  {graph_id}/{p.id} {h['cosine']:.5f} {h['saturated_pct']:.3f} "
+                f"{h['zeroed_pct']:.3f} {worst.get('name', '-')}{flag}"
+            )
+        return lines
+
+    def _worst_layer_lines(self) -> list[str]:
         worst = [
             (g.graph_id, p, p.worst_layers or WORST_LAYERS.get(p.fingerprint))
             for g in self.graphs
             for p in g.partitions
         ]
         worst = [w for w in worst if w[2]]
-        if worst:
-            lines.append(
-                "worst layers (layer_report, alone vs float): graph/part module op prec cos"
-            )
-            for graph_id, p, rows in worst:
-                for w in rows:
-                    lines.append(
-                        f"  {graph_id}/{p.id} {w['module']} {w['op']} {w['precision']} "
-                        f"{w['cosine_alone']:.5f}"
-                    )
-        if self.cpu_nodes:
-            lines.append("left on the CPU:")
-            for n in self.cpu_nodes:
-                lines.append(f"  {n['node']:<28} {n['target']:<40} {n['reason']}")
-        return "\n".join(lines)
+        if not worst:
+            return []
+        lines = ["worst layers (layer_report, alone vs float): graph/part module op prec cos"]
+        for graph_id, p, rows in worst:
+            for w in rows:
+                lines.append(
+                    f"  {graph_id}/{p.id} {w['module']} {w['op']} {w['precision']} "
+                    f"{w['cosine_alone']:.5f}"
+                )
+        return lines
+
+    def _cpu_lines(self) -> list[str]:
+        if not self.cpu_nodes:
+            return []
+        lines = ["left on the CPU:"]
+        lines += [f"  {n['node']:<28} {n['target']:<40} {n['reason']}" for n in self.cpu_nodes]
+        return lines
 
     def __str__(self) -> str:
         return self.table()
