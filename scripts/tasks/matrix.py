@@ -11,7 +11,7 @@ from pathlib import Path
 
 from invoke import Collection, Context, Exit, task
 
-from scripts import outpaths
+from provision.floor import outpaths
 from scripts.tasks.cli import INTERRUPTED_CODE, CliTask, bad_flag, int_flag, split_names
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -6,6 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from provision.floor import exitcodes
 from scripts.testmatrix.schema import MAX_WORKERS, MatrixError
 
 
@@ -60,10 +61,10 @@ def main(argv: list[str] | None = None) -> int:
         return run_matrix(run)
     except (MatrixError, UsageError) as err:
         print(f"error: {err}", file=sys.stderr)
-        return 2
+        return exitcodes.USAGE
     except KeyboardInterrupt:
         print("[matrix] interrupted before any lane ran; nothing to report", file=sys.stderr)
-        return 130
+        return exitcodes.INTERRUPTED
 
 
 if __name__ == "__main__":

@@ -22,7 +22,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from provision import box64, light
+from provision import box64
+from provision.floor import light
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 

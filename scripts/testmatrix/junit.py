@@ -13,7 +13,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any
 
-from provision import light
+from provision.floor import light
 from scripts.testmatrix.results import LaneResult
 
 _atomic_write = light.load("atomic").write_text

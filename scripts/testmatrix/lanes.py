@@ -17,8 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
-from provision import light
-from scripts import progress
+from provision.floor import light, progress
 from scripts.testmatrix.junit import finish_junit
 from scripts.testmatrix.processes import (
     lane_env,

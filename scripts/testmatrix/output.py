@@ -13,7 +13,7 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any, TextIO
 
-from provision import light
+from provision.floor import light
 from scripts.testmatrix.capabilities import enable_hint
 from scripts.testmatrix.processes import PipeSafe
 from scripts.testmatrix.request import MatrixRun

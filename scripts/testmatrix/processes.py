@@ -6,15 +6,16 @@ leave early.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import signal
 import subprocess
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TextIO
 
+from provision.floor import signals
+from provision.floor.procgroup import kill_group
 from scripts.testmatrix.schema import Lane
 
 HARNESS_ROOT = Path(__file__).resolve().parents[2]
@@ -78,16 +79,7 @@ def lane_env(lane: Lane, root: Path, workers: int) -> dict[str, str]:
 
 def terminate(proc: subprocess.Popen[bytes]) -> None:
     """Kill the lane's whole process group (pytest, xdist workers, their children)."""
-    for sig, grace in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            proc.wait(timeout=grace)
-            return
-        except subprocess.TimeoutExpired:
-            continue
+    kill_group(proc, grace_s=5.0)
 
 
 def wait_for_lane(
@@ -114,51 +106,9 @@ def wait_for_lane(
     return timed_out, interrupted
 
 
-def _raise_interrupt(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt(f"signal {signum}")
-
-
 @contextlib.contextmanager
 def sigterm_interrupts() -> Iterator[None]:
     """SIGTERM (CI cancelling a job) raises KeyboardInterrupt like a Ctrl-C, so the run still
     reports what it finished; outside the main thread (an embedding tool) its handlers stay."""
-    try:
-        previous = signal.signal(signal.SIGTERM, _raise_interrupt)
-    except ValueError:  # not the main thread
-        previous = None
-    try:
+    with signals.as_interrupt((signal.SIGTERM,)):
         yield
-    finally:
-        if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
-
-
-def read_records(path: Path) -> list[dict[str, Any]]:
-    """The per-test records the plugin appended to `path` (one JSON object a line)."""
-    if not path.is_file():
-        return []
-    records = []
-    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
-        try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue  # a line cut short by a kill
-    return records
-
-
-def lane_progress(records: list[dict[str, Any]]) -> tuple[int, int | None, list[str]]:
-    """(tests finished, tests collected or None, node ids started but not finished)."""
-    total = next((r["count"] for r in records if r.get("event") == "collected"), None)
-    finished = {r["nodeid"] for r in records if r.get("event") is None and "bucket" in r}
-    running = [
-        r["nodeid"]
-        for r in records
-        if r.get("event") == "start" and r.get("nodeid") not in finished
-    ]
-    return len(finished), total, running
-
-
-def log_tail(log: Path) -> str:
-    """The log's last non-blank line (cut to 300 characters): what a crashed lane said last."""
-    lines = [ln for ln in log.read_text(errors="replace").splitlines() if ln.strip()]
-    return lines[-1][:300] if lines else "(no output)"

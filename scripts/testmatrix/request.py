@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from scripts import outpaths
+from provision.floor import outpaths
 from scripts.testmatrix.results import OutputDirs
 from scripts.testmatrix.schema import Lane, Matrix
 

@@ -11,9 +11,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from provision.floor import exitcodes
+
 BUCKETS = ("passed", "failed", "expected-fail", "unexpected-pass", "skipped", "infra-error")
 BAD_BUCKETS = ("failed", "unexpected-pass", "infra-error")
-INTERRUPTED = 130  # 128 + SIGINT: the exit code of a run a Ctrl-C/SIGTERM cut short
+INTERRUPTED = exitcodes.INTERRUPTED  # the exit code of a run a Ctrl-C/SIGTERM cut short
 
 
 @dataclass

@@ -12,7 +12,7 @@ import sys
 import time
 from typing import Any, TextIO
 
-from provision import light
+from provision.floor import light
 from scripts.testmatrix.capabilities import detect, enable_hint
 from scripts.testmatrix.junit import finish_junit
 from scripts.testmatrix.lanes import LaneContext, run_pytest_lane, run_ruff_lane

@@ -20,7 +20,7 @@ from typing import TextIO
 
 import yaml
 
-from provision import light
+from provision.floor import light
 from scripts.testmatrix.capabilities import is_present
 from scripts.testmatrix.plugin import CRASH_TEXT
 from scripts.testmatrix.schema import Matrix, MatrixError, parse
