@@ -6,13 +6,14 @@ leave early.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
 from provision.floor import signals
 from provision.floor.procgroup import kill_group
@@ -112,3 +113,34 @@ def sigterm_interrupts() -> Iterator[None]:
     reports what it finished; outside the main thread (an embedding tool) its handlers stay."""
     with signals.as_interrupt((signal.SIGTERM,)):
         yield
+
+
+def read_records(path: Path) -> list[dict[str, Any]]:
+    """The per-test records the plugin appended to `path` (one JSON object a line)."""
+    if not path.is_file():
+        return []
+    records = []
+    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue  # a line cut short by a kill
+    return records
+
+
+def lane_progress(records: list[dict[str, Any]]) -> tuple[int, int | None, list[str]]:
+    """(tests finished, tests collected or None, node ids started but not finished)."""
+    total = next((r["count"] for r in records if r.get("event") == "collected"), None)
+    finished = {r["nodeid"] for r in records if r.get("event") is None and "bucket" in r}
+    running = [
+        r["nodeid"]
+        for r in records
+        if r.get("event") == "start" and r.get("nodeid") not in finished
+    ]
+    return len(finished), total, running
+
+
+def log_tail(log: Path) -> str:
+    """The log's last non-blank line (cut to 300 characters): what a crashed lane said last."""
+    lines = [ln for ln in log.read_text(errors="replace").splitlines() if ln.strip()]
+    return lines[-1][:300] if lines else "(no output)"
