@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import shlex
 from pathlib import Path
-from typing import Any
 
 from provision.context import Context
 from provision.download import DownloadError, download
 from provision.floor import light
 from provision.results import StepError
+from provision.settings import Pin
 
 atomic = light.load("atomic")
 
@@ -21,39 +21,39 @@ atomic = light.load("atomic")
 sha256_of = atomic.sha256_file
 
 
-def locate(ctx: Context, pin: dict[str, Any]) -> Path | None:
+def locate(ctx: Context, pin: Pin) -> Path | None:
     """The pinned file in --artifacts, if present (verified)."""
     if ctx.options.artifacts is None:
         return None
-    candidate = ctx.options.artifacts / pin["filename"]
+    candidate = ctx.options.artifacts / pin.filename
     if not candidate.is_file():
         return None
     actual = sha256_of(candidate)
-    if actual != pin["sha256"]:
+    if actual != pin.sha256:
         raise StepError(
-            f"{candidate} has sha256 {actual}, expected {pin['sha256']}; replace the file "
+            f"{candidate} has sha256 {actual}, expected {pin.sha256}; replace the file "
             "with the pinned one (or update the pin in your --config)"
         )
     return candidate
 
 
-def fetch(ctx: Context, pin: dict[str, Any]) -> Path:
+def fetch(ctx: Context, pin: Pin) -> Path:
     """--artifacts first, then the download cache, then the network; always sha256-checked."""
     found = locate(ctx, pin)
     if found is not None:
         return found
     cache = ctx.work_dir / "downloads"
     cache.mkdir(parents=True, exist_ok=True)
-    dest = cache / pin["filename"]
-    if dest.is_file() and sha256_of(dest) == pin["sha256"]:
+    dest = cache / pin.filename
+    if dest.is_file() and sha256_of(dest) == pin.sha256:
         return dest
     # Resumed and retried; only a complete download with the pinned sha256 gets the final name.
-    ctx.echo(f"  downloading {pin['url']}")
+    ctx.echo(f"  downloading {pin.url}")
     try:
-        return download(pin["url"], dest, pin["sha256"], echo=ctx.echo)
+        return download(pin.url, dest, pin.sha256, echo=ctx.echo)
     except DownloadError as exc:
         raise StepError(
-            f"{exc}; on an offline machine put {pin['filename']} into a directory and pass "
+            f"{exc}; on an offline machine put {pin.filename} into a directory and pass "
             "--artifacts DIR"
         ) from exc
 

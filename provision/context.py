@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from provision.results import CheckResult, Inputs, StepError
+from provision.settings import Settings
 from provision.target import Target
 
 
@@ -29,7 +30,7 @@ class Options:
 class Context:
     target: Target
     facts: dict[str, Any]
-    config: dict[str, Any]
+    config: Settings  # provision.yaml with its overrides, typed (provision/settings.py)
     options: Options
     log_dir: Path
     work_dir: Path  # controller-side scratch (downloads, probe build)
@@ -42,7 +43,7 @@ class Context:
 
     @property
     def prefix(self) -> str:
-        return self.expand(self.config["prefix"])
+        return self.expand(self.config.prefix)
 
     def expand(self, text: str) -> str:
         return text.format(

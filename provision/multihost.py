@@ -21,6 +21,7 @@ from provision import pipeline, plan
 from provision import report as report_mod
 from provision.context import Options
 from provision.floor import exitcodes
+from provision.settings import Settings
 from provision.target import HostSpec, SshTarget, TargetError, parse_host
 
 COMBINED_SCHEMA = "torch-fl/provision-multi/1"
@@ -137,7 +138,7 @@ class HostPrinter:
         return echo
 
 
-def _unreachable_report(job: HostJob, started: float, message: str, cfg: dict[str, Any]) -> dict:
+def _unreachable_report(job: HostJob, started: float, message: str, cfg: Settings) -> dict:
     doc = report_mod.build(
         target=job.name,
         local=False,
@@ -156,7 +157,7 @@ def _unreachable_report(job: HostJob, started: float, message: str, cfg: dict[st
 def provision_host(
     job: HostJob,
     *,
-    cfg: dict[str, Any],
+    cfg: Settings,
     selected: list[str],
     options: Options,
     insecure_host_key: bool,
@@ -171,9 +172,9 @@ def provision_host(
         target = SshTarget(
             job.spec,
             insecure_host_key=insecure_host_key,
-            known_hosts=job.known_hosts or cfg["ssh"]["known_hosts"] or None,
-            identity=job.identity or cfg["ssh"]["identity"] or None,
-            connect_timeout=float(cfg["ssh"]["connect_timeout_s"]),
+            known_hosts=job.known_hosts or cfg.ssh.known_hosts or None,
+            identity=job.identity or cfg.ssh.identity or None,
+            connect_timeout=cfg.ssh.connect_timeout_s,
         )
     except TargetError as exc:
         echo(f"unreachable: {exc}")
@@ -222,7 +223,7 @@ def provision_host(
 def provision_hosts(
     jobs: list[HostJob],
     *,
-    cfg: dict[str, Any],
+    cfg: Settings,
     selected: list[str],
     options: Options,
     insecure_host_key: bool,
@@ -328,7 +329,7 @@ def summary_lines(results: list[HostResult], combined: Path) -> list[str]:
 def run_cli(
     specs: list[HostSpec],
     *,
-    cfg: dict[str, Any],
+    cfg: Settings,
     selected: list[str],
     options: Options,
     insecure_host_key: bool,

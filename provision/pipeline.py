@@ -15,6 +15,7 @@ from typing import Any
 from provision import plan
 from provision import report as report_mod
 from provision.context import Context, Options
+from provision.settings import Settings
 from provision.steps import all_steps
 from provision.target import Target
 
@@ -63,7 +64,7 @@ def run_steps(
     target: Target,
     facts: dict[str, Any],
     *,
-    cfg: dict[str, Any],
+    cfg: Settings,
     selected: list[str],
     options: Options,
     report_path: Path,

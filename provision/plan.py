@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from provision.context import Context, Step
@@ -29,7 +30,7 @@ class Outcome:
         return self.after or self.before
 
 
-def select(only: str | None, skip: str | None, config_skip: list[str]) -> list[str]:
+def select(only: str | None, skip: str | None, config_skip: Sequence[str]) -> list[str]:
     """Step names to run, in pipeline order; unknown names are bad input (ValueError)."""
 
     def names(text: str | None, flag: str) -> list[str]:

@@ -11,6 +11,7 @@ from typing import Any
 
 from provision.floor import exitcodes, light
 from provision.plan import Outcome
+from provision.settings import Settings
 
 SCHEMA = "torch-fl/provision-report/1"
 STATUSES = {"ok", "needed", "failed"}
@@ -26,7 +27,7 @@ def build(
     outcomes: list[Outcome],
     artifacts: list[dict[str, str]],
     exit_code: int,
-    config: dict[str, Any],
+    config: Settings,
 ) -> dict[str, Any]:
     unique = {a["name"]: a for a in artifacts}
     return {
@@ -53,7 +54,7 @@ def build(
             for o in outcomes
         ],
         "artifacts": sorted(unique.values(), key=lambda a: a["name"]),
-        "config": {"min_box64": config["policy"]["min_box64"], "prefix": config["prefix"]},
+        "config": {"min_box64": config.policy.min_box64, "prefix": config.prefix},
     }
 
 

@@ -15,6 +15,7 @@ from typing import Any
 from provision import config as config_mod
 from provision import plan
 from provision.floor import outpaths
+from provision.settings import Settings
 
 
 def controller_cache() -> Path:
@@ -27,7 +28,7 @@ def controller_cache() -> Path:
 class RunInputs:
     """The provisioning flags, checked: what `pipeline.run_steps` needs besides a target."""
 
-    cfg: dict[str, Any]  # provision.yaml with --config and invoke.yaml's `provision` merged in
+    cfg: Settings  # provision.yaml with --config and invoke.yaml's `provision` merged in
     steps: list[str]  # the steps --only/--skip select, in pipeline order
     artifacts: Path | None  # --artifacts: an existing directory, or None when not given
 
@@ -46,7 +47,7 @@ def read(
     caller turns it into its exit 2.
     """
     cfg = config_mod.load(config, config_mod.invoke_section(section, "provision"))
-    steps = plan.select(only, skip, cfg["steps"]["skip"])
+    steps = plan.select(only, skip, cfg.steps.skip)
     return RunInputs(cfg, steps, artifacts_dir(artifacts))
 
 

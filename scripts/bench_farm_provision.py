@@ -13,6 +13,7 @@ round every host is provisioned alone, then all at once, through the same code p
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import statistics
 import sys
 import tempfile
@@ -32,7 +33,7 @@ from provision.target import parse_host  # noqa: E402
 SKIP = "x86_python,vendor_runtime,torch_env,torch_fl,build_verify"
 
 
-def _run(jobs: list[HostJob], cfg: dict, steps: list[str], work: Path) -> float:
+def _run(jobs: list[HostJob], cfg: config_mod.Settings, steps: list[str], work: Path) -> float:
     start = time.monotonic()
     code, results, _ = provision_hosts(
         jobs,
@@ -63,7 +64,7 @@ def main() -> int:
     from tests.support.sshd import SshServer
 
     cfg = config_mod.load(None, None)
-    steps = plan.select(None, SKIP, cfg["steps"]["skip"])
+    steps = plan.select(None, SKIP, cfg.steps.skip)
     root = Path(tempfile.mkdtemp(prefix="bench-farm-"))
     known = root / "known_hosts"
     lab = None
@@ -83,7 +84,7 @@ def main() -> int:
             fh.write(f"[127.0.0.1]:{server.port} {' '.join(server.host_pub.split()[:2])}\n")
         return HostJob(parse_host(server.host), identity=str(server.user_key), label=label)
 
-    cfg["ssh"]["known_hosts"] = str(known)
+    cfg = dataclasses.replace(cfg, ssh=dataclasses.replace(cfg.ssh, known_hosts=str(known)))
     times: dict[str, list[float]] = {}
     try:
         quiet = io.StringIO()

@@ -7,6 +7,7 @@ plan hands it that step's typed result (see provision/results.py).
 
 from __future__ import annotations
 
+from provision import step_names
 from provision.context import Context, Options, Step
 from provision.steps import (
     box64,
@@ -33,7 +34,9 @@ _PIPELINE: tuple[Step, ...] = (
     torch_fl_build.STEP,
     build_verify.STEP,
 )
-STEP_NAMES: tuple[str, ...] = tuple(step.name for step in _PIPELINE)
+STEP_NAMES: tuple[str, ...] = step_names.STEP_NAMES
+if tuple(step.name for step in _PIPELINE) != STEP_NAMES:  # the configuration checks against it
+    raise RuntimeError("provision/step_names.py must list the pipeline's steps in its order")
 
 
 def all_steps() -> list[Step]:

@@ -34,7 +34,7 @@ WELL_KNOWN = ("/usr/bin/box64", "/usr/local/bin/box64")
 
 
 def candidates(ctx: Context) -> list[str]:
-    explicit = ctx.config["box64"].get("path") or ""
+    explicit = ctx.config.box64.path
     if explicit:
         return [ctx.expand(explicit)]
     found = [f"{prefix_dir(ctx)}/bin/box64"]
@@ -75,7 +75,7 @@ class Box64Step:
     def check(self, ctx: Context, inputs: Inputs) -> CheckResult:
         if not logic.may_install_on(ctx.arch):
             return not_applicable(f"{ctx.arch} runs x86_64 code natively")
-        minimum = logic.parse_policy(ctx.config["policy"]["min_box64"])
+        minimum = logic.parse_policy(ctx.config.policy.min_box64)
         project_ok, project_state = project_install_ok(ctx)
         facts: dict = {"min": logic.fmt(minimum), "project_install": project_state}
         seen = []
@@ -126,7 +126,7 @@ class Box64Step:
             )
         if project_state == "partial":
             return CheckResult(NEEDED, facts, "partial install in project prefix: will redo")
-        if ctx.config["box64"].get("path") and not seen:
+        if ctx.config.box64.path and not seen:
             return CheckResult(
                 FAILED, facts, f"box64.path {candidates(ctx)[0]} is not an executable; fix it"
             )
@@ -140,10 +140,10 @@ class Box64Step:
         return CheckResult(NEEDED, facts, "box64 not found")
 
     def decide(self, ctx: Context, before: CheckResult) -> logic.InstallDecision:
-        minimum = logic.parse_policy(ctx.config["policy"]["min_box64"])
+        minimum = logic.parse_policy(ctx.config.policy.min_box64)
         candidate = None
         libc_needed = None
-        if ctx.facts.get("apt") and ctx.config["box64"].get("allow_distro", True):
+        if ctx.facts.get("apt") and ctx.config.box64.allow_distro:
             # Stale package lists would show an old candidate (or none) and send us to a
             # source build for nothing: refresh them first. Only reached from apply().
             ctx.sh(
@@ -165,7 +165,7 @@ class Box64Step:
             candidate=candidate,
             libc_needed=libc_needed,
             glibc=logic.parse_glibc(str(ctx.facts.get("glibc", ""))),
-            allow_distro=bool(ctx.config["box64"].get("allow_distro", True)),
+            allow_distro=ctx.config.box64.allow_distro,
         )
 
     def apply(self, ctx: Context, before: CheckResult, inputs: Inputs) -> None:
@@ -199,7 +199,7 @@ class Box64Step:
         ctx.echo(f"  [box64] moved the old {path} aside to {path}.torch-fl-old")
 
     def build_from_source(self, ctx: Context) -> None:
-        pin = ctx.config["box64"]["source"]
+        pin = ctx.config.box64.source
         rc, _, _ = ctx.sh(
             "command -v cmake && command -v make && (command -v cc || command -v gcc)"
         )
@@ -207,16 +207,16 @@ class Box64Step:
             apt_install(ctx, self.name, ["cmake", "make", "gcc", "g++", "python3"])
         local = artifacts.fetch(ctx, pin)
         root = prefix_dir(ctx)
-        stage = f"{ctx.prefix}/build/box64-{pin['version']}"
+        stage = f"{ctx.prefix}/build/box64-{pin.version}"
         # Anything left from an interrupted run is discarded: partial installs are not trusted.
         ctx.sh(f"rm -rf {shlex.quote(root)} {shlex.quote(stage)} && mkdir -p {shlex.quote(stage)}")
-        tarball = artifacts.ship(ctx, local, stage, pin["sha256"])
+        tarball = artifacts.ship(ctx, local, stage, pin.sha256)
         jobs = logic.build_jobs(
             int(ctx.facts.get("cpus") or 1),
             int(ctx.facts.get("mem_mb") or 1024),
-            int(pin["mb_per_job"]),
+            pin.mb_per_job,
         )
-        flags = " ".join(shlex.quote(f) for f in logic.cmake_args(pin.get("cmake_extra") or []))
+        flags = " ".join(shlex.quote(f) for f in logic.cmake_args(list(pin.cmake_extra)))
         s, r = shlex.quote(stage), shlex.quote(root)
         # Install by copying the binary and its x86_64 helper libraries into our prefix rather
         # than `cmake --install`, which writes /etc/binfmt.d and /usr/lib behind our back.
@@ -229,11 +229,11 @@ class Box64Step:
         )
         rc, log = ctx.run_long(self.name, cmd, timeout=3 * 3600)
         if rc != 0:
-            raise StepError(f"building box64 {pin['version']} failed (rc {rc}); see {log}")
+            raise StepError(f"building box64 {pin.version} failed (rc {rc}); see {log}")
         rc, out, _ = ctx.sh(f"sha256sum {r}/bin/box64")
         ctx.write_marker(
             f"{root}/{MARKER}",
-            {"version": pin["version"], "source_sha256": pin["sha256"], "sha256": out.split()[0]},
+            {"version": pin.version, "source_sha256": pin.sha256, "sha256": out.split()[0]},
         )
         ctx.sh(f"rm -rf {s}")
 

@@ -98,12 +98,12 @@ class BuildVerify:
     requires: tuple[str, ...] = ("torch_fl",)
 
     def python(self, ctx: Context) -> str:
-        return str(ctx.config["build_verify"].get("python") or sys.executable)
+        return sys.executable
 
     def run_snippet(self, ctx: Context, python: str, prefix: str = "") -> tuple[dict | None, str]:
         rc, out, err = ctx.sh(
             f"{prefix}{shlex.quote(python)} -c {shlex.quote(VERIFY_SNIPPET)}",
-            timeout=float(ctx.config["build_verify"]["timeout_s"]),
+            timeout=ctx.config.build_verify.timeout_s,
         )
         res = parse_verify(out)
         return res, summarize(res, out + err)
@@ -138,14 +138,14 @@ class BuildVerify:
 
     def build_command(self, ctx: Context) -> str:
         py = shlex.quote(self.python(ctx))
-        cfg = ctx.config["build_verify"]
+        cfg = ctx.config.build_verify
         rc, out, _ = ctx.sh(
             f"cd {shlex.quote(str(PROJECT_ROOT))} && {py} -m invoke --list", timeout=120
         )
         if rc == 0 and any(ln.split()[:1] == ["build"] for ln in out.splitlines()):
-            return cfg["build_command"].format(python=py)
+            return cfg.build_command.format(python=py)
         if (PROJECT_ROOT / "pyproject.toml").exists() or (PROJECT_ROOT / "setup.py").exists():
-            return cfg["fallback_build_command"].format(python=py)
+            return cfg.fallback_build_command.format(python=py)
         raise StepError(
             f"{PROJECT_ROOT} has no `invoke build` task and no pyproject.toml/setup.py yet: "
             "the extension cannot be built; skip this step (--skip build_verify) until it can"
@@ -156,9 +156,7 @@ class BuildVerify:
             # Nothing to build here: the torch_fl step built it; a failing proof is the answer.
             raise StepError(f"torch.compile(backend='bpu') fails on the board: {before.detail}")
         cmd = f"cd {shlex.quote(str(PROJECT_ROOT))} && {self.build_command(ctx)}"
-        rc, log = ctx.run_long(
-            self.name, cmd, timeout=float(ctx.config["build_verify"]["timeout_s"])
-        )
+        rc, log = ctx.run_long(self.name, cmd, timeout=ctx.config.build_verify.timeout_s)
         if rc != 0:
             raise StepError(f"building the extension failed (rc {rc}); see {log}")
 

@@ -21,12 +21,12 @@ class EnvFile:
     requires = ("box64", "x86_python", "vendor_runtime")
 
     def march(self, ctx: Context) -> str:
-        march = str(ctx.config["march"])
+        march = ctx.config.march
         if march != "auto":
             return march  # validated against MARCHES with the configuration
         detected = facts_mod.march_for(ctx.facts)
         if detected is None:
-            return str(ctx.config["default_march"])
+            return ctx.config.default_march
         if detected not in MARCHES:
             # Written to the env file it would make every torch.compile(backend="bpu") fail.
             raise StepError(
@@ -40,7 +40,7 @@ class EnvFile:
     def desired(self, ctx: Context, inputs: Inputs) -> dict[str, str]:
         values = {
             "FLAGOS_BPU_MARCH": self.march(ctx),
-            "FLAGOS_BPU_CACHE": ctx.expand(ctx.config["cache_dir"]),
+            "FLAGOS_BPU_CACHE": ctx.expand(ctx.config.cache_dir),
         }
         x86, box64 = inputs.x86_python, inputs.box64
         if x86 is not None:

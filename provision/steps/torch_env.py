@@ -60,7 +60,7 @@ def venv_python(ctx: Context) -> str:
 
 
 def pinned(ctx: Context) -> list[str]:
-    return [str(w) for w in ctx.config["torch_env"]["wheels"]]
+    return list(ctx.config.torch_env.wheels)
 
 
 def _release(version: str) -> tuple[int, ...]:
@@ -118,26 +118,26 @@ class TorchEnv:
 
     def request(self, ctx: Context) -> dict[str, Any]:
         """What this run asks for; the marker keeps it, a change means a reinstall."""
-        torch = ctx.config["torch_env"]["torch"]
+        torch = ctx.config.torch_env.torch
         house = wheelhouse(ctx)
         source = self.source(ctx, house)
         return {
             "source": source,
-            "torch": torch["version"] if source != "distro" else torch["supported"],
-            "index_url": torch["index_url"] if source == "index" else "",
+            "torch": torch.version if source != "distro" else torch.supported,
+            "index_url": torch.index_url if source == "index" else "",
             "wheels": pinned(ctx),
             "wheelhouse": house,
         }
 
     def source(self, ctx: Context, house: dict[str, str]) -> str:
-        torch = ctx.config["torch_env"]["torch"]
-        chosen = str(torch["source"])
+        torch = ctx.config.torch_env.torch
+        chosen = torch.source
         if chosen != "auto":
             return chosen
-        if has_torch_wheel(house, torch["version"]):
+        if has_torch_wheel(house, torch.version):
             return "wheelhouse"
-        found, _ = probe(ctx, str(ctx.config["torch_env"]["python"]))
-        if found is not None and in_range(found["torch"], torch["supported"]):
+        found, _ = probe(ctx, ctx.config.torch_env.python)
+        if found is not None and in_range(found["torch"], torch.supported):
             return "distro"
         return "index"
 
@@ -174,7 +174,7 @@ class TorchEnv:
         ctx.sh(f"rm -rf {r} && mkdir -p {r}")
         if wanted["source"] == "distro":
             self.distro_torch(ctx)
-        base = shlex.quote(str(ctx.config["torch_env"]["python"]))
+        base = shlex.quote(ctx.config.torch_env.python)
         system = " --system-site-packages" if wanted["source"] == "distro" else ""
         make_venv = f"rm -rf {r}/venv && {base} -m venv{system} {r}/venv"
         rc, log = ctx.run_long(self.name, make_venv, timeout=600)
@@ -191,20 +191,20 @@ class TorchEnv:
         ctx.write_marker(f"{root}/{MARKER}", {"request": wanted, "torch": found["torch"]})
 
     def distro_torch(self, ctx: Context) -> None:
-        torch = ctx.config["torch_env"]["torch"]
-        found, _ = probe(ctx, str(ctx.config["torch_env"]["python"]))
+        torch = ctx.config.torch_env.torch
+        found, _ = probe(ctx, ctx.config.torch_env.python)
         if found is None:
-            apt_install(ctx, self.name, [str(p) for p in torch["distro_packages"]])
-            found, raw = probe(ctx, str(ctx.config["torch_env"]["python"]))
+            apt_install(ctx, self.name, list(torch.distro_packages))
+            found, raw = probe(ctx, ctx.config.torch_env.python)
             if found is None:
                 raise StepError(
-                    f"after installing {torch['distro_packages']}, "
-                    f"{ctx.config['torch_env']['python']} still does not import torch: {raw}"
+                    f"after installing {list(torch.distro_packages)}, "
+                    f"{ctx.config.torch_env.python} still does not import torch: {raw}"
                 )
-        if not in_range(found["torch"], torch["supported"]):
+        if not in_range(found["torch"], torch.supported):
             raise StepError(
                 f"the distribution's torch is {found['torch']}, outside torch-fl's supported "
-                f"{torch['supported']}; set torch_env.torch.source to wheelhouse or index"
+                f"{torch.supported}; set torch_env.torch.source to wheelhouse or index"
             )
 
     def ship_wheelhouse(self, ctx: Context, house: dict[str, str], stage: str) -> str:
@@ -220,7 +220,7 @@ class TorchEnv:
         python = shlex.quote(venv_python(ctx))
         pip = f"{python} -m pip install --disable-pip-version-check"
         links = f" --find-links {shlex.quote(stage)}" if stage else ""
-        torch = f"torch=={ctx.config['torch_env']['torch']['version']}"
+        torch = f"torch=={ctx.config.torch_env.torch.version}"
         steps = []
         if wanted["source"] == "wheelhouse":
             # Only the wheelhouse's torch: beside an index pip could pick the index's build.
@@ -231,7 +231,7 @@ class TorchEnv:
             steps.append(f"{pip} --index-url {url} --no-deps {shlex.quote(torch)}")
             steps.append(f"{pip}{links} {shlex.quote(torch)}")
         steps.append(f"{pip}{links} " + " ".join(shlex.quote(w) for w in wanted["wheels"]))
-        timeout = float(ctx.config["torch_env"]["timeout_s"])
+        timeout = ctx.config.torch_env.timeout_s
         for cmd in steps:
             rc, log = ctx.run_long(self.name, cmd, timeout=timeout)
             if rc != 0:

@@ -141,7 +141,7 @@ class TorchFlBuild:
             f"env -u PYTHONPATH ACCELERATOR=bpu TORCH_DEVICE_BACKEND_AUTOLOAD=0 {py} -m pip wheel "
             f"--disable-pip-version-check --no-build-isolation --no-deps -w {r}/dist ."
         )
-        timeout = float(ctx.config["torch_fl"]["build_timeout_s"])
+        timeout = ctx.config.torch_fl.build_timeout_s
         rc, log = ctx.run_long(self.name, cmd, timeout=timeout)
         if rc != 0:
             raise StepError(

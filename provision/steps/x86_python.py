@@ -60,7 +60,7 @@ def identify(
 
 def find_distro_python(ctx: Context) -> str | None:
     """An x86_64 ELF interpreter among the configured candidates (e_machine 0x3e)."""
-    for cand in ctx.config["x86_python"]["distro"]["candidates"]:
+    for cand in ctx.config.x86_python.distro.candidates:
         q = shlex.quote(cand)
         rc, out, _ = ctx.sh(
             f'f=$(readlink -f {q} 2>/dev/null) && [ -f "$f" ] && '
@@ -138,7 +138,7 @@ class X86Python:
         ctx.write_marker(f"{root}/{MARKER}", record)
 
     def native_venv(self, ctx: Context, root: str) -> tuple[str, str, str]:
-        base = ctx.config["x86_python"]["native_python"]
+        base = ctx.config.x86_python.native_python
         venv = f"{root}/venv"
         rc, log = ctx.run_long(
             self.name, f"{shlex.quote(base)} -m venv {shlex.quote(venv)}", timeout=600
@@ -148,9 +148,9 @@ class X86Python:
         return "native-venv", f"{venv}/bin/python", ""
 
     def emulated_python(self, ctx: Context, root: str, want_wheels: bool) -> tuple[str, str, str]:
-        cfg = ctx.config["x86_python"]
-        source = cfg["source"]
-        pin = cfg["tarball"]
+        cfg = ctx.config.x86_python
+        source = cfg.source
+        pin = cfg.tarball
         if source == "auto":
             if artifacts.locate(ctx, pin) is not None:
                 source = "tarball"
@@ -163,21 +163,21 @@ class X86Python:
                 raise StepError(
                     "hbdk4 wheels need the self-contained x86_64 CPython: set "
                     "x86_python.source: tarball (offline: put "
-                    f"{pin['filename']} into --artifacts)"
+                    f"{pin.filename} into --artifacts)"
                 )
             python = find_distro_python(ctx)
             if python is None:
                 rc, _, _ = ctx.sh("dpkg --add-architecture amd64 2>/dev/null || true")
-                apt_install(ctx, self.name, list(cfg["distro"]["packages"]))
+                apt_install(ctx, self.name, list(cfg.distro.packages))
                 python = find_distro_python(ctx)
             if python is None:
                 raise StepError(
                     "no x86_64 interpreter among x86_python.distro.candidates after installing "
-                    f"{cfg['distro']['packages']}; add its path to the candidates"
+                    f"{list(cfg.distro.packages)}; add its path to the candidates"
                 )
             return "distro", python, ""
         local = artifacts.fetch(ctx, pin)
-        remote = artifacts.ship(ctx, local, f"{root}/download", pin["sha256"])
+        remote = artifacts.ship(ctx, local, f"{root}/download", pin.sha256)
         r = shlex.quote(root)
         rc, log = ctx.run_long(
             self.name,
@@ -185,8 +185,8 @@ class X86Python:
             timeout=1800,
         )
         if rc != 0:
-            raise StepError(f"unpacking {pin['filename']} failed; see {log}")
-        major_minor = ".".join(pin["version"].split(".")[:2])
+            raise StepError(f"unpacking {pin.filename} failed; see {log}")
+        major_minor = ".".join(pin.version.split(".")[:2])
         return "tarball", f"{root}/python/bin/python{major_minor}", f"{root}/python/lib"
 
     def install_hbdk4(self, ctx: Context, inputs: Inputs, root: str, python: str, libs: str) -> str:
@@ -195,7 +195,7 @@ class X86Python:
         shipped = []
         for wheel in sorted(ctx.options.oe_wheels.glob("*.whl")):
             shipped.append(artifacts.ship(ctx, wheel, stage))
-        wanted = {wheels.normalize(n) for n in ctx.config["x86_python"]["hbdk4_requirements"]}
+        wanted = {wheels.normalize(n) for n in ctx.config.x86_python.hbdk4_requirements}
         provided = {wheels.wheel_project(Path(p).name) for p in shipped}
         missing = wanted - provided
         if missing:
@@ -220,7 +220,7 @@ class X86Python:
         rc, log = ctx.run_long(self.name, cmd, timeout=3600)
         if rc != 0:
             raise StepError(f"installing the hbdk4 wheels failed; see {log}")
-        timeout = float(ctx.config["x86_python"]["import_timeout_s"])
+        timeout = ctx.config.x86_python.import_timeout_s
         guest = f"{root}/{GUEST.name}"
         ctx.target.put(GUEST, guest)
         check = f"{run} {shlex.quote(guest)} check {int(emulated(ctx))} {shlex.quote(libs)}"

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
+from provision.settings import Settings
 from provision.steps import Options
 from scripts.farm.selection import Request
 from scripts.farm.settings import FarmSettings
@@ -20,7 +20,7 @@ class FarmJob:
     out_dir: Path
     root: Path
     work_root: Path
-    provision_cfg: dict[str, Any]
+    provision_cfg: Settings
     selected_steps: list[str]
     options: Options = field(default_factory=Options)
     provision: bool = True

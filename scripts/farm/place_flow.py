@@ -82,9 +82,9 @@ def ssh_target(job: FarmJob, host: HostJob) -> SshTarget:
     target = SshTarget(
         host.spec,
         insecure_host_key=job.insecure_host_key,
-        known_hosts=host.known_hosts or cfg["ssh"]["known_hosts"] or None,
-        identity=host.identity or cfg["ssh"]["identity"] or None,
-        connect_timeout=float(cfg["ssh"]["connect_timeout_s"]),
+        known_hosts=host.known_hosts or cfg.ssh.known_hosts or None,
+        identity=host.identity or cfg.ssh.identity or None,
+        connect_timeout=cfg.ssh.connect_timeout_s,
     )
     target.name = host.name
     return target

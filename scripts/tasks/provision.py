@@ -116,7 +116,7 @@ def provision(
 class _Request:
     """What the command line asks for, validated."""
 
-    cfg: dict[str, Any]
+    cfg: config_mod.Settings
     selected: list[str]
     specs: list[HostSpec]
     options: Options
@@ -174,7 +174,7 @@ def _request(c, host, dry, only, skip, artifacts, oe_wheels, config, json, repor
 
 def _provision_several(req: _Request, insecure_host_key: bool) -> None:
     try:
-        check_ssh_files(req.cfg["ssh"]["identity"] or None, req.cfg["ssh"]["known_hosts"] or None)
+        check_ssh_files(req.cfg.ssh.identity or None, req.cfg.ssh.known_hosts or None)
     except TargetInputError as exc:
         raise _bad_input(str(exc)) from exc
     out_dir = Path(req.json_flag).parent if req.json_flag else REPORT_DIR
@@ -269,7 +269,7 @@ def _finish(run: pipeline.Run, out_path: Path) -> None:
         )
 
 
-def _open_target(spec, cfg: dict, insecure_host_key: bool, echo: bool):
+def _open_target(spec, cfg: config_mod.Settings, insecure_host_key: bool, echo: bool):
     """This machine, or one host over SSH; input problems exit 2, unreachable hosts 1."""
     if spec is None:
         return LocalTarget(echo=echo)
@@ -277,9 +277,9 @@ def _open_target(spec, cfg: dict, insecure_host_key: bool, echo: bool):
         return SshTarget(
             spec,
             insecure_host_key=insecure_host_key,
-            known_hosts=cfg["ssh"]["known_hosts"] or None,
-            identity=cfg["ssh"]["identity"] or None,
-            connect_timeout=float(cfg["ssh"]["connect_timeout_s"]),
+            known_hosts=cfg.ssh.known_hosts or None,
+            identity=cfg.ssh.identity or None,
+            connect_timeout=cfg.ssh.connect_timeout_s,
             echo=echo,
         )
     except TargetInputError as exc:

@@ -123,7 +123,7 @@ def ship_to_board(board: BoardDest, bundle: Path, *, insecure_host_key: bool = F
     from provision.target import SshTarget, TargetError, parse_host
 
     try:
-        ssh = config.load()["ssh"]
+        ssh = config.load().ssh
     except config.ConfigError as exc:
         raise Exit(f"ship-cache: {exc}", code=2) from None
     tarball = f"/tmp/bpu-cache-{os.getpid()}-{secrets.token_hex(4)}.tar.gz"
@@ -132,9 +132,9 @@ def ship_to_board(board: BoardDest, bundle: Path, *, insecure_host_key: bool = F
         target = SshTarget(
             parse_host(board.address),
             insecure_host_key=insecure_host_key,
-            known_hosts=ssh.get("known_hosts") or None,
-            identity=ssh.get("identity") or None,
-            connect_timeout=float(ssh["connect_timeout_s"]),
+            known_hosts=ssh.known_hosts or None,
+            identity=ssh.identity or None,
+            connect_timeout=ssh.connect_timeout_s,
         )
         target.put(bundle, tarball)
         rc, out, err = target.run(remote_unpack_script(board.directory, tarball), timeout=600)

@@ -10,6 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from provision import config
 from scripts.farm import place_flow
 from scripts.farm.job import FarmJob
 from scripts.farm.report import PlaceOutcome, tag_contradictions
@@ -82,7 +83,7 @@ def flow(tmp_path, monkeypatch):
         job = FarmJob(
             settings=SimpleNamespace(ssh_for=lambda place: {}), requests=[],
             out_dir=tmp_path / "out", root=tmp_path, work_root=tmp_path / "work",
-            provision_cfg={}, selected_steps=[], provision=provision, lanes=list(lanes),
+            provision_cfg=config.load(), selected_steps=[], provision=provision, lanes=list(lanes),
         )  # fmt: skip
         ctx = place_flow.PlaceContext(job, PlaceOutcome("b0"), Client(info), "b0", lambda m: None)
         return ctx, calls

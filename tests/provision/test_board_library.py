@@ -28,7 +28,7 @@ def wheelhouse(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
     cfg = config.load()
     house = tmp_path_factory.mktemp("wheelhouse")
-    wanted = [f"torch=={cfg['torch_env']['torch']['version']}", *cfg["torch_env"]["wheels"]]
+    wanted = [f"torch=={cfg.torch_env.torch.version}", *cfg.torch_env.wheels]
     res = subprocess.run(
         [sys.executable, "-m", "pip", "download", "--disable-pip-version-check", "-q",
          "--only-binary=:all:", "-d", str(house), *wanted],

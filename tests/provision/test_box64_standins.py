@@ -37,7 +37,7 @@ def board_ctx(tmp_path: Path, standin: str, pagesize: int = 4096, **cfg_over) ->
     facts = facts_mod.gather(target)
     facts.update(arch="aarch64", pagesize=pagesize, apt="", board_model="")
     over = {"box64": {"path": str(STANDINS / standin), "allow_distro": False}}
-    cfg = config_mod.validate(config_mod.deep_merge(config_mod.load(), {**over, **cfg_over}))
+    cfg = config_mod.parse(config_mod.deep_merge(config_mod.defaults(), {**over, **cfg_over}))
     return Context(
         target=target,
         facts=facts,
@@ -104,9 +104,9 @@ def test_missing_explicit_box64_fails_with_fix(tmp_path):
 @pytest.mark.skipif(not shutil.which("python3"), reason="needs an x86_64 python3")
 def test_board_pipeline_with_emulated_python(tmp_path):
     """box64 -> probe -> x86_python (distro interpreter via the emulator) -> env file."""
-    ctx = board_ctx(tmp_path, "box64-standin-new")
     py = shutil.which("python3", path="/usr/bin:/bin")
-    ctx.config["x86_python"]["distro"]["candidates"] = [py]
+    candidates = {"distro": {"candidates": [py]}}
+    ctx = board_ctx(tmp_path, "box64-standin-new", x86_python=candidates)
     steps = [
         s for s in all_steps() if s.name in ("box64", "pagesize_probe", "x86_python", "envfile")
     ]

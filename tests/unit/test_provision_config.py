@@ -11,10 +11,9 @@ from provision.target import parse_host
 
 def test_defaults_are_valid_and_pinned():
     cfg = c.load()
-    assert cfg["policy"]["min_box64"] == "0.4.0"
-    for key in ("box64", "x86_python"):
-        pin = cfg[key]["source"] if key == "box64" else cfg[key]["tarball"]
-        assert len(pin["sha256"]) == 64 and pin["url"].startswith("https://")
+    assert cfg.policy.min_box64 == "0.4.0"
+    for pin in (cfg.box64.source, cfg.x86_python.tarball):
+        assert len(pin.sha256) == 64 and pin.url.startswith("https://")
 
 
 @pytest.mark.parametrize(
@@ -38,7 +37,7 @@ def test_defaults_are_valid_and_pinned():
 )
 def test_bad_values_name_key_and_fix(override, needle):
     with pytest.raises(c.ConfigError, match=needle.replace(".", r"\.")):
-        c.validate(c.deep_merge(c.load(), override))
+        c.parse(c.deep_merge(c.defaults(), override))
 
 
 def test_to_fill_sha_explains_how(tmp_path):
@@ -88,7 +87,7 @@ def _envfile_check(tmp_path, board_model: str, march: str = "auto"):
     from provision.target import LocalTarget
 
     facts = {"arch": "x86_64", "board_model": board_model, "env_file": str(tmp_path / "env")}
-    cfg = c.deep_merge(c.load(), {"march": march})
+    cfg = c.parse(c.deep_merge(c.defaults(), {"march": march}))
     ctx = Context(LocalTarget(), facts, cfg, Options(), tmp_path, tmp_path, echo=lambda m: None)
     return plan._check(ENVFILE, ctx, Inputs()), ctx, ENVFILE
 
@@ -96,7 +95,7 @@ def _envfile_check(tmp_path, board_model: str, march: str = "auto"):
 @pytest.mark.parametrize("march", ["bayes-e", "bernoulli2"])
 def test_config_rejects_marches_the_backend_rejects(march):
     with pytest.raises(c.ConfigError, match="march"):
-        c.validate(c.deep_merge(c.load(), {"march": march}))
+        c.parse(c.deep_merge(c.defaults(), {"march": march}))
 
 
 @pytest.mark.parametrize("model", ["RDK X5", "RDK X3"])
@@ -125,7 +124,7 @@ def test_provisioning_and_backend_share_one_march_list():
 
     assert set(c.MARCHES) == set(settings.MARCHES)
     for march in c.MARCHES:
-        c.validate(c.deep_merge(c.load(), {"march": march}))
+        c.parse(c.deep_merge(c.defaults(), {"march": march}))
         assert settings.resolve({"march": march}).march == march
 
 

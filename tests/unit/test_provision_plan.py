@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from provision import plan, report, wheels
+from provision import config, plan, report, wheels
 from provision.context import Context, Options
 from provision.results import FAILED, NEEDED, OK, Box64Found, CheckResult, Inputs, StepError
 from provision.target import LocalTarget
@@ -38,8 +38,9 @@ class RecordedStep:
 
 
 def ctx(tmp_path):
-    cfg = {"policy": {"min_box64": "0.4.0"}, "prefix": "{data_home}/torch-fl"}
-    return Context(LocalTarget(), {}, cfg, Options(), tmp_path, tmp_path, echo=lambda m: None)
+    return Context(
+        LocalTarget(), {}, config.load(), Options(), tmp_path, tmp_path, echo=lambda m: None
+    )
 
 
 def test_plan_applies_only_needed_and_rechecks(tmp_path):
@@ -82,7 +83,7 @@ def test_apply_that_does_not_fix_is_a_failure(tmp_path):
 
 
 def _report(outcomes, **kw):
-    cfg = {"policy": {"min_box64": "0.4.0"}, "prefix": "p"}
+    cfg = config.parse(config.deep_merge(config.defaults(), {"prefix": "p"}))
     base = dict(
         target="t",
         local=True,
