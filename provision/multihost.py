@@ -43,6 +43,26 @@ class HostJob:
         return self.label or f"{spec.user + '@' if spec.user else ''}{spec.host}:{spec.port}"
 
 
+@dataclass(frozen=True)
+class ProvisionRequest:
+    """What every host of one run is given: configuration, steps, options, host-key policy."""
+
+    cfg: Settings
+    selected: tuple[str, ...]
+    options: Options
+    insecure_host_key: bool = False
+
+
+@dataclass(frozen=True)
+class RunPlaces:
+    """Where a run of several hosts writes: per-host reports under `out_dir`, per-host scratch
+    under `work_root`/hosts, and the combined report (default `out_dir`/combined.json)."""
+
+    out_dir: Path
+    work_root: Path
+    combined_path: Path | None = None
+
+
 @dataclass
 class HostResult:
     name: str
@@ -156,22 +176,19 @@ def _unreachable_report(job: HostJob, started: float, message: str, cfg: Setting
 
 def provision_host(
     job: HostJob,
-    *,
-    cfg: Settings,
-    selected: list[str],
-    options: Options,
-    insecure_host_key: bool,
+    request: ProvisionRequest,
     report_path: Path,
     work_dir: Path,
     echo: Callable[[str], None] = print,
 ) -> HostResult:
     """The single-host pipeline for one job; never raises for a host-side problem."""
+    cfg, options = request.cfg, request.options
     started = time.time()
     name = job.name
     try:
         target = SshTarget(
             job.spec,
-            insecure_host_key=insecure_host_key,
+            insecure_host_key=request.insecure_host_key,
             known_hosts=job.known_hosts or cfg.ssh.known_hosts or None,
             identity=job.identity or cfg.ssh.identity or None,
             connect_timeout=cfg.ssh.connect_timeout_s,
@@ -190,7 +207,7 @@ def provision_host(
             target,
             facts,
             cfg=cfg,
-            selected=selected,
+            selected=list(request.selected),
             options=options,
             report_path=report_path,
             log_dir=report_path.parent / "logs" / slug(name),
@@ -221,15 +238,7 @@ def provision_host(
 
 
 def provision_hosts(
-    jobs: list[HostJob],
-    *,
-    cfg: Settings,
-    selected: list[str],
-    options: Options,
-    insecure_host_key: bool,
-    out_dir: Path,
-    work_root: Path,
-    combined_path: Path | None = None,
+    jobs: list[HostJob], request: ProvisionRequest, places: RunPlaces
 ) -> tuple[int, list[HostResult], Path]:
     """Provision every job in its own thread; write per-host reports and a combined one.
 
@@ -238,6 +247,7 @@ def provision_hosts(
     names = [job.name for job in jobs]
     if len(set(names)) != len(names):
         raise ValueError(f"two hosts share a name: {names}")
+    dry = request.options.dry
     printer = HostPrinter()
     results: dict[int, HostResult] = {}
     started = time.time()
@@ -248,15 +258,12 @@ def provision_hosts(
         try:
             results[index] = provision_host(
                 job,
-                cfg=cfg,
-                selected=selected,
-                options=options,
-                insecure_host_key=insecure_host_key,
+                request,
                 # a dry run writes beside the real report, never over it (as for one host)
-                report_path=out_dir / f"{slug(name)}{'.dry' if options.dry else ''}.json",
+                report_path=places.out_dir / f"{slug(name)}{'.dry' if dry else ''}.json",
                 # Steps cache downloads and build the probe under work_dir with fixed names;
                 # a directory per host keeps parallel hosts off each other's temp files.
-                work_dir=work_root / "hosts" / slug(name),
+                work_dir=places.work_root / "hosts" / slug(name),
                 echo=echo,
             )
         except BaseException as exc:  # noqa: BLE001 - report, never lose a host silently
@@ -275,12 +282,12 @@ def provision_hosts(
         raise
     ordered = [results[i] for i in range(len(jobs))]
     code = max((r.exit_code for r in ordered), default=0)
-    combined = combined_path or out_dir / "combined.json"
-    if options.dry:
+    combined = places.combined_path or places.out_dir / "combined.json"
+    if dry:
         combined = combined.with_name(f"{combined.stem}.dry{combined.suffix or '.json'}")
     doc = {
         "schema": COMBINED_SCHEMA,
-        "dry": options.dry,
+        "dry": dry,
         "started": round(started, 3),
         "duration_s": round(time.time() - started, 3),
         "exit_code": code,
@@ -326,31 +333,12 @@ def summary_lines(results: list[HostResult], combined: Path) -> list[str]:
     return lines
 
 
-def run_cli(
-    specs: list[HostSpec],
-    *,
-    cfg: Settings,
-    selected: list[str],
-    options: Options,
-    insecure_host_key: bool,
-    out_dir: Path,
-    work_root: Path,
-    combined_path: Path | None = None,
-) -> int:
+def run_cli(specs: list[HostSpec], request: ProvisionRequest, places: RunPlaces) -> int:
     """`invoke provision --host a,b,...`: provision all, print the table, return the worst code."""
     jobs = [HostJob(spec) for spec in specs]
     print(f"provision: {len(jobs)} hosts in parallel: {', '.join(j.name for j in jobs)}")
     try:
-        code, results, combined = provision_hosts(
-            jobs,
-            cfg=cfg,
-            selected=selected,
-            options=options,
-            insecure_host_key=insecure_host_key,
-            out_dir=out_dir,
-            work_root=work_root,
-            combined_path=combined_path,
-        )
+        code, results, combined = provision_hosts(jobs, request, places)
     except KeyboardInterrupt:
         return exitcodes.INTERRUPTED  # as for a single host
     print(table(results))

@@ -26,7 +26,12 @@ if str(REPO) not in sys.path:
 
 from provision import config as config_mod  # noqa: E402
 from provision import plan  # noqa: E402
-from provision.multihost import HostJob, provision_hosts  # noqa: E402
+from provision.multihost import (  # noqa: E402
+    HostJob,
+    ProvisionRequest,
+    RunPlaces,
+    provision_hosts,
+)
 from provision.steps import Options  # noqa: E402
 from provision.target import parse_host  # noqa: E402
 
@@ -35,15 +40,8 @@ SKIP = "x86_python,vendor_runtime,torch_env,torch_fl,build_verify"
 
 def _run(jobs: list[HostJob], cfg: config_mod.Settings, steps: list[str], work: Path) -> float:
     start = time.monotonic()
-    code, results, _ = provision_hosts(
-        jobs,
-        cfg=cfg,
-        selected=steps,
-        options=Options(),
-        insecure_host_key=False,
-        out_dir=work / "out",
-        work_root=work / "cache",
-    )
+    request = ProvisionRequest(cfg, tuple(steps), Options())
+    code, results, _ = provision_hosts(jobs, request, RunPlaces(work / "out", work / "cache"))
     took = time.monotonic() - start
     bad = [f"{r.name}: {r.status} {r.error or ''}" for r in results if r.status != "ok"]
     if code or bad:

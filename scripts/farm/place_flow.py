@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from provision import facts as facts_mod
-from provision.multihost import HostJob, provision_host, slug
+from provision.multihost import HostJob, ProvisionRequest, provision_host, slug
 from provision.target import HostSpec, SshTarget
 from scripts.farm import power
 from scripts.farm.board import Board
@@ -140,12 +140,12 @@ def provision(ctx: PlaceContext) -> str | Stop:
     """Provision the board (or only detect its facts) and check its tags against them."""
     job, outcome = ctx.job, ctx.outcome
     if job.provision:
+        request = ProvisionRequest(
+            job.provision_cfg, tuple(job.selected_steps), job.options, job.insecure_host_key
+        )
         res = provision_host(
             ctx.host,
-            cfg=job.provision_cfg,
-            selected=job.selected_steps,
-            options=job.options,
-            insecure_host_key=job.insecure_host_key,
+            request,
             report_path=ctx.place_dir / "provision.json",
             work_dir=job.work_root / "hosts" / slug(ctx.place),
             echo=ctx.echo,

@@ -178,16 +178,13 @@ def _provision_several(req: _Request, insecure_host_key: bool) -> None:
     except TargetInputError as exc:
         raise _bad_input(str(exc)) from exc
     out_dir = Path(req.json_flag).parent if req.json_flag else REPORT_DIR
-    code = multihost.run_cli(
-        req.specs,
-        cfg=req.cfg,
-        selected=req.selected,
-        options=req.options,
-        insecure_host_key=insecure_host_key,
-        out_dir=out_dir,
-        work_root=run_inputs.controller_cache(),
-        combined_path=Path(req.json_flag) if req.json_flag else None,
+    request = multihost.ProvisionRequest(
+        req.cfg, tuple(req.selected), req.options, insecure_host_key
     )
+    places = multihost.RunPlaces(
+        out_dir, run_inputs.controller_cache(), Path(req.json_flag) if req.json_flag else None
+    )
+    code = multihost.run_cli(req.specs, request, places)
     if code:
         raise Exit(code=code)
 
