@@ -7,7 +7,6 @@ keeps the commands from drifting apart (a check one of them forgot, another scra
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -16,12 +15,6 @@ from provision import config as config_mod
 from provision import plan
 from provision.floor import outpaths
 from provision.settings import Settings
-
-
-def controller_cache() -> Path:
-    """Controller-side scratch for provisioning (downloads, built wheels), kept between runs."""
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "torch-fl" / "provision"
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ import shlex
 from pathlib import Path
 from typing import Any
 
-from provision import artifacts, sources
+from provision import artifacts, scratch, sources
 from provision.context import Context
 from provision.results import (
     NEEDED,
@@ -48,8 +48,7 @@ def root_dir(ctx: Context) -> str:
 
 def wheel_cache() -> Path:
     """The controller's wheels, shared by every board it provisions (not per host)."""
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "torch-fl" / "provision" / "torch-fl-wheels"
+    return scratch.controller_cache() / "torch-fl-wheels"
 
 
 def _tagged(ctx: Context, python: str, snippet: str, tag: str) -> tuple[Any, str]:

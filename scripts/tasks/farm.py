@@ -49,7 +49,7 @@ def _job(c, *, mode, coordinator, place, tag, count, farm_config, config, only, 
          artifacts, insecure_host_key, reserve_timeout, out, boot_timeout=None,
          **extra):  # fmt: skip
     from provision import config as config_mod
-    from provision import run_inputs
+    from provision import run_inputs, scratch
     from provision.steps import Options
     from scripts.farm import selection, settings
     from scripts.farm.run import FarmJob
@@ -82,7 +82,7 @@ def _job(c, *, mode, coordinator, place, tag, count, farm_config, config, only, 
         requests=requests,
         out_dir=Path(out) if out else ROOT / "out" / "farm",
         root=ROOT,
-        work_root=run_inputs.controller_cache(),
+        work_root=scratch.controller_cache(),
         provision_cfg=inputs.cfg,
         selected_steps=inputs.steps,
         options=Options(artifacts=inputs.artifacts),

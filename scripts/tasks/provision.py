@@ -16,7 +16,7 @@ from invoke.exceptions import Exit
 
 from provision import config as config_mod
 from provision import facts as facts_mod
-from provision import multihost, pipeline, plan, run_inputs
+from provision import multihost, pipeline, plan, run_inputs, scratch
 from provision import report as report_mod
 from provision.context import Options
 from provision.floor import exitcodes, outpaths
@@ -182,7 +182,7 @@ def _provision_several(req: _Request, insecure_host_key: bool) -> None:
         req.cfg, tuple(req.selected), req.options, insecure_host_key
     )
     places = multihost.RunPlaces(
-        out_dir, run_inputs.controller_cache(), Path(req.json_flag) if req.json_flag else None
+        out_dir, scratch.controller_cache(), Path(req.json_flag) if req.json_flag else None
     )
     code = multihost.run_cli(req.specs, request, places)
     if code:
@@ -222,7 +222,7 @@ def _run_one(req: _Request, insecure_host_key: bool, started: float) -> pipeline
                 options=req.options,
                 report_path=out_path,
                 log_dir=out_path.parent / "logs",
-                work_dir=run_inputs.controller_cache(),
+                work_dir=scratch.controller_cache(),
                 started=started,
             )
         except KeyboardInterrupt:
