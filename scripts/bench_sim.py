@@ -39,6 +39,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 import torch_fl.bpu as bpu  # noqa: E402
+from scripts import plots  # noqa: E402
 from tests.support import ort  # noqa: E402
 from torch_fl.bpu import report  # noqa: E402
 
@@ -293,31 +294,19 @@ def _breakdown_table(rows: list[dict]) -> str:
 
 
 def _plot(rows: list[dict], path: Path) -> bool:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = plots.pyplot()
+    if plt is None:
         return False
     labels = [f"{r['model']}\nb{r['batch']} t{r['threads']}" for r in rows]
     fig, ax = plt.subplots(figsize=(max(8, 1.3 * len(rows)), 4.8))
     shown = [c for c in COLUMNS if any(c in r["latency_ms"] for r in rows)]
-    width = 0.8 / len(shown)
-    for i, col in enumerate(shown):
-        values = [r["speedup_vs_eager"].get(col, 0.0) for r in rows]
-        ax.bar([j + (i - len(shown) / 2 + 0.5) * width for j in range(len(rows))], values, width,
-               label=col)  # fmt: skip
-    ax.set_xticks(range(len(rows)), labels, fontsize=8)
+    series = {c: [r["speedup_vs_eager"].get(c, 0.0) for r in rows] for c in shown}
+    plots.grouped_bars(ax, labels, series, fontsize=8)
     ax.set_ylabel("speed vs eager fp32 (x, median latency)")
     ax.axhline(1.0, color="grey", lw=0.8)
     ax.legend(fontsize=8, ncol=3)
     ax.set_title("backend='bpu' sim beside its peers (same run, interleaved)")
-    fig.tight_layout()
-    tmp = path.with_suffix(".tmp.png")
-    fig.savefig(tmp, dpi=110)
-    os.replace(tmp, path)
-    plt.close(fig)
+    plots.save(plt, fig, path)
     return True
 
 

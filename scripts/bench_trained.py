@@ -27,6 +27,7 @@ if str(ROOT) not in sys.path:
 import torch  # noqa: E402
 
 import torch_fl.bpu as bpu  # noqa: E402
+from scripts import plots  # noqa: E402
 from tests.support import trained  # noqa: E402
 from tests.support.public_zoo import cosine  # noqa: E402
 
@@ -103,12 +104,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _plot(rows: list[dict], path: Path) -> None:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = plots.pyplot()
+    if plt is None:
         return
     fig, ax = plt.subplots(figsize=(8, 3.6))
     names = [r["variant"] for r in rows]
@@ -117,11 +114,7 @@ def _plot(rows: list[dict], path: Path) -> None:
     ax.set_xlim(min(r["min"] for r in rows) - 0.02, 1.0)
     ax.set_xlabel("feature cosine vs fp32 (48 held-out crops)")
     ax.legend(loc="lower left")
-    fig.tight_layout()
-    tmp = path.with_suffix(".tmp.png")
-    fig.savefig(tmp, dpi=110)
-    os.replace(tmp, path)
-    plt.close(fig)
+    plots.save(plt, fig, path)
 
 
 if __name__ == "__main__":

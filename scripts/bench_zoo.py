@@ -26,6 +26,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from scripts import plots  # noqa: E402
+
 COVERAGE_TARGET = 98.0
 PARTITION_TARGET = 2
 COSINE_TARGET = 0.999
@@ -175,39 +177,29 @@ def _table(rows: list[dict]) -> str:
 
 
 def _plot(rows: list[dict], path: Path) -> bool:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = plots.pyplot()
+    if plt is None:
         return False
     ok = [r for r in rows if "error" not in r]
     names = [r["model"] for r in ok]
     timed = any(r.get("latency_ms") for r in ok)  # --no-timing: the accuracy panel alone
     if timed:
         fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(13, 4.5))
-    else:
-        fig, ax2 = plt.subplots(1, 1, figsize=(7, 4.5))
-    width = 0.27
-    if timed:
-        for i, key in enumerate(("eager_fp32", "inductor", "sim")):
-            values = [r.get("latency_ms", {}).get(key, 0.0) for r in ok]
-            ax1.bar([j + (i - 1) * width for j in range(len(ok))], values, width, label=key)
-        ax1.set_xticks(range(len(ok)), names, rotation=45, ha="right")
+        keys = ("eager_fp32", "inductor", "sim")
+        latency = {k: [r.get("latency_ms", {}).get(k, 0.0) for r in ok] for k in keys}
+        plots.grouped_bars(ax1, names, latency, rotation=45, ha="right")
         ax1.set_ylabel("ms per call, 1 thread (median)")
         ax1.set_title("latency")
         ax1.legend()
-    for i, key in enumerate(("cosine_default", "cosine_calibrated")):
-        values = [max(0.0, r[key]) for r in ok]
-        ax2.bar([j + (i - 0.5) * width for j in range(len(ok))], values, width, label=key)
+    else:
+        fig, ax2 = plt.subplots(1, 1, figsize=(7, 4.5))
+    cosines = {k: [max(0.0, r[k]) for r in ok] for k in ("cosine_default", "cosine_calibrated")}
+    plots.grouped_bars(ax2, names, cosines, rotation=45, ha="right")
     ax2.axhline(COSINE_TARGET, color="k", lw=0.8, ls="--")
     ax2.set_ylim(0.9, 1.0005)
-    ax2.set_xticks(range(len(ok)), names, rotation=45, ha="right")
     ax2.set_title("sim cosine vs fp32")
     ax2.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    plots.save(plt, fig, path)
     return True
 
 
