@@ -4,17 +4,16 @@
 from __future__ import annotations
 
 import contextlib
-import fcntl
-import os
 import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from provision import plan
+from provision import plan, scratch
 from provision import report as report_mod
 from provision.context import Context, Options
+from provision.floor import locks
 from provision.settings import Settings
 from provision.steps import all_steps
 from provision.target import Target
@@ -37,18 +36,16 @@ def exclusive(target_name: str) -> Iterator[None]:
     host alone and in a list) would run apt, builds and installs into the same places side by
     side. An flock in the controller's cache, so it ends with its process however that ends;
     dry runs, which change nothing, take none."""
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    locks = Path(base) / "torch-fl" / "provision" / "locks"
-    locks.mkdir(parents=True, exist_ok=True)
-    path = locks / f"{re.sub(r'[^A-Za-z0-9_.-]+', '_', target_name)}.lock"
-    with open(path, "a+") as fh:
-        try:
-            fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise Busy(
-                f"another provisioning run of {target_name} is in progress (it holds {path}); "
-                "wait for it to finish, then run this one again"
-            ) from None
+    path = (
+        scratch.controller_cache()
+        / "locks"
+        / f"{re.sub(r'[^A-Za-z0-9_.-]+', '_', target_name)}.lock"
+    )
+    busy = Busy(
+        f"another provisioning run of {target_name} is in progress (it holds {path}); "
+        "wait for it to finish, then run this one again"
+    )
+    with locks.held(path, lambda: busy):
         yield
 
 

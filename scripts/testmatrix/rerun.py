@@ -9,12 +9,12 @@ never be represented by an older, greener file.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from provision.floor import locks
 from scripts.testmatrix.request import UsageError
 from scripts.testmatrix.results import BAD_BUCKETS, OutputDirs
 from scripts.testmatrix.schema import Matrix
@@ -29,19 +29,12 @@ def exclusive(out_dir: Path) -> Iterator[None]:
     """One matrix run per output directory at a time: two runs in one checkout would clear and
     rewrite each other's junit files and summaries. The lock is an flock, so it ends with its
     process, however that ends."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    fh = open(out_dir / ".run.lock", "a+")  # noqa: SIM115 - closed below
-    try:
-        try:
-            fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise _Busy(
-                f"another matrix run is writing {out_dir} now; wait for it to finish (or run this "
-                "one as `python -m scripts.testmatrix --out-dir DIR`)"
-            ) from None
+    busy = _Busy(
+        f"another matrix run is writing {out_dir} now; wait for it to finish (or run this "
+        "one as `python -m scripts.testmatrix --out-dir DIR`)"
+    )
+    with locks.held(out_dir / ".run.lock", lambda: busy):
         yield
-    finally:
-        fh.close()
 
 
 def earlier_lanes(summary_file: Path, covered: set[str]) -> list[dict[str, Any]]:
