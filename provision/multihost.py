@@ -158,6 +158,20 @@ class HostPrinter:
         return echo
 
 
+def open_target(job: HostJob, cfg: Settings, insecure_host_key: bool) -> SshTarget:
+    """The SSH target for `job`: its own identity and known_hosts where it has them, else the
+    configuration's (`ssh:`); named as tables name the job (a farm place keeps its label)."""
+    target = SshTarget(
+        job.spec,
+        insecure_host_key=insecure_host_key,
+        known_hosts=job.known_hosts or cfg.ssh.known_hosts or None,
+        identity=job.identity or cfg.ssh.identity or None,
+        connect_timeout=cfg.ssh.connect_timeout_s,
+    )
+    target.name = job.name
+    return target
+
+
 def _unreachable_report(job: HostJob, started: float, message: str, cfg: Settings) -> dict:
     doc = report_mod.build(
         target=job.name,
@@ -186,20 +200,13 @@ def provision_host(
     started = time.time()
     name = job.name
     try:
-        target = SshTarget(
-            job.spec,
-            insecure_host_key=request.insecure_host_key,
-            known_hosts=job.known_hosts or cfg.ssh.known_hosts or None,
-            identity=job.identity or cfg.ssh.identity or None,
-            connect_timeout=cfg.ssh.connect_timeout_s,
-        )
+        target = open_target(job, cfg, request.insecure_host_key)
     except TargetError as exc:
         echo(f"unreachable: {exc}")
         report_mod.write_atomic(report_path, _unreachable_report(job, started, str(exc), cfg))
         return HostResult(
             name, "unreachable", 1, str(report_path), started, time.time(), error=str(exc)
         )
-    target.name = name if job.label else target.name
     try:
         facts = facts_mod.gather(target)
         echo(pipeline.describe(facts, options.dry))

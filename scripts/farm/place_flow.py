@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from provision import facts as facts_mod
-from provision.multihost import HostJob, ProvisionRequest, provision_host, slug
+from provision.multihost import HostJob, ProvisionRequest, open_target, provision_host, slug
 from provision.target import HostSpec, SshTarget
 from scripts.farm import power
 from scripts.farm.board import Board
@@ -78,16 +78,7 @@ class PlaceContext:
 
 
 def ssh_target(job: FarmJob, host: HostJob) -> SshTarget:
-    cfg = job.provision_cfg
-    target = SshTarget(
-        host.spec,
-        insecure_host_key=job.insecure_host_key,
-        known_hosts=host.known_hosts or cfg.ssh.known_hosts or None,
-        identity=host.identity or cfg.ssh.identity or None,
-        connect_timeout=cfg.ssh.connect_timeout_s,
-    )
-    target.name = host.name
-    return target
+    return open_target(host, job.provision_cfg, job.insecure_host_key)
 
 
 def resolve(ctx: PlaceContext) -> str | Stop:

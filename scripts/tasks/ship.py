@@ -120,22 +120,17 @@ def ship_cache(c, dest, dir=None, cache_dir=None, insecure_host_key=False):
 def ship_to_board(board: BoardDest, bundle: Path, *, insecure_host_key: bool = False) -> None:
     """Copy `bundle` to the board and unpack it there, through provisioning's SSH target."""
     from provision import config
-    from provision.target import SshTarget, TargetError, parse_host
+    from provision.multihost import HostJob, open_target
+    from provision.target import TargetError, parse_host
 
     try:
-        ssh = config.load().ssh
+        cfg = config.load()
     except config.ConfigError as exc:
         raise Exit(f"ship-cache: {exc}", code=2) from None
     tarball = f"/tmp/bpu-cache-{os.getpid()}-{secrets.token_hex(4)}.tar.gz"
     target = None
     try:
-        target = SshTarget(
-            parse_host(board.address),
-            insecure_host_key=insecure_host_key,
-            known_hosts=ssh.known_hosts or None,
-            identity=ssh.identity or None,
-            connect_timeout=ssh.connect_timeout_s,
-        )
+        target = open_target(HostJob(parse_host(board.address)), cfg, insecure_host_key)
         target.put(bundle, tarball)
         rc, out, err = target.run(remote_unpack_script(board.directory, tarball), timeout=600)
         if rc != 0:
