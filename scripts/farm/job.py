@@ -33,3 +33,5 @@ class FarmJob:
     lane_timeout_s: float = 3600.0
     boot_timeout_s: float = 300.0  # after a power cycle
     client_env: dict[str, str] = field(default_factory=dict)
+    # This controller's BPU artifact cache, copied to each board before its lanes (None: not).
+    ship_cache: Path | None = None

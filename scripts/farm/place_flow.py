@@ -17,6 +17,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from provision import cache_ship
 from provision import facts as facts_mod
 from provision.multihost import HostJob, ProvisionRequest, open_target, provision_host, slug
 from provision.target import HostSpec, SshTarget
@@ -166,6 +167,11 @@ def ship(ctx: PlaceContext) -> str | Stop:
     ctx.target = ssh_target(ctx.job, ctx.host)
     ctx.board = Board(ctx.target, ctx.place_dir / "board.log", ctx.echo)
     ctx.board.ship_checkout(ctx.job.root)
+    if ctx.job.ship_cache is not None:
+        # Compiled partitions hit on the board under the same keys: no compiler needed there.
+        bundle = cache_ship.write_bundle(ctx.job.ship_cache, ctx.place_dir / "bpu-cache.tar.gz")
+        cache_ship.ship_bundle(ctx.target, bundle)
+        ctx.echo(f"BPU cache {ctx.job.ship_cache} -> {cache_ship.BOARD_CACHE}")
     return "setup"
 
 

@@ -140,12 +140,14 @@ def provision(c, coordinator=None, place=None, tag=None, count=None, farm_config
         "board-python": "the board's interpreter for --setup kit/none (default python3)",
         "no-provision": "skip provisioning (the board is already provisioned)",
         "lane-timeout": "seconds for all lanes on one board (default 3600)",
+        "ship-cache": "copy this machine's BPU artifact cache to each board before its lanes",
     },
 )
 def test(c, lane=None, coordinator=None, place=None, tag=None, count=None, farm_config=None,
          config=None, only=None, skip=None, artifacts=None, insecure_host_key=False,
          reserve_timeout=None, out=None, matrix_file="matrix.yaml", setup="bootstrap",
-         board_python=None, no_provision=False, lane_timeout=None, boot_timeout=None):  # fmt: skip
+         board_python=None, no_provision=False, lane_timeout=None, boot_timeout=None,
+         ship_cache=False):  # fmt: skip
     """Reserve places, provision each board, run lanes on it, merge every board's results."""
     from scripts.farm.board import SETUP_MODES
 
@@ -176,11 +178,22 @@ def test(c, lane=None, coordinator=None, place=None, tag=None, count=None, farm_
             f"farm.test: unknown lane(s) {unknown}; {matrix_file} has {list(known)}",
             code=exitcodes.USAGE,
         )
+    shipped = None
+    if ship_cache:
+        from scripts.tasks.cache_paths import cache_root
+
+        shipped = cache_root(None)
+        if not (shipped / "artifacts").is_dir():
+            raise Exit(
+                f"farm.test: --ship-cache: {shipped}/artifacts does not exist; compile first "
+                "(invoke compile-host) or leave the flag out",
+                code=exitcodes.USAGE,
+            )
     job = _job(c, mode="test", coordinator=coordinator, place=place, tag=tag, count=count,
                farm_config=farm_config, config=config, only=only, skip=skip, artifacts=artifacts,
                insecure_host_key=insecure_host_key, reserve_timeout=reserve_timeout, out=out,
                boot_timeout=boot_timeout, provision=not no_provision, lanes=lanes, matrix_file=matrix_file, setup=setup,
-               board_python=board_python,
+               board_python=board_python, ship_cache=shipped,
                lane_timeout_s=_seconds("--lane-timeout", lane_timeout, 3600.0))  # fmt: skip
     _finish(job)
 

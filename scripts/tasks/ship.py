@@ -17,8 +17,6 @@ import contextlib
 import errno
 import os
 import re
-import secrets
-import shlex
 import shutil
 import tarfile
 import tempfile
@@ -28,11 +26,12 @@ from pathlib import Path
 from invoke import task
 from invoke.exceptions import Exit
 
+from provision import cache_ship
 from provision.floor import outpaths
 from scripts.tasks.cache_paths import cache_root
 from scripts.tasks.cli import CliTask, bad_flag
 
-BOARD_CACHE = "~/.cache/torch-fl/bpu"  # FLAGOS_BPU_CACHE's default on the board
+BOARD_CACHE = cache_ship.BOARD_CACHE
 # `[user@]host[:port][:dir]`, IPv6 in brackets; a `:dir` part that is not all digits is a dir.
 _BOARD_RE = re.compile(
     r"^(?P<host>(?:[A-Za-z0-9._-]+@)?(?:\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._-]+))"
@@ -104,10 +103,7 @@ def ship_cache(c, dest, dir=None, cache_dir=None, insecure_host_key=False):
         raise SystemExit(f"nothing to ship: {root}/artifacts does not exist")
     with tempfile.TemporaryDirectory() as tmp:
         bundle = Path(tmp) / "bpu-cache.tar.gz"
-        with tarfile.open(bundle, "w:gz") as tar:
-            for sub in ("artifacts", "index"):
-                if (root / sub).is_dir():
-                    tar.add(root / sub, arcname=sub)
+        cache_ship.write_bundle(root, bundle)
         if board is not None:
             ship_to_board(board, bundle, insecure_host_key=insecure_host_key)
         else:
@@ -127,40 +123,16 @@ def ship_to_board(board: BoardDest, bundle: Path, *, insecure_host_key: bool = F
         cfg = config.load()
     except config.ConfigError as exc:
         raise Exit(f"ship-cache: {exc}", code=2) from None
-    tarball = f"/tmp/bpu-cache-{os.getpid()}-{secrets.token_hex(4)}.tar.gz"
     target = None
     try:
         target = open_target(HostJob(parse_host(board.address)), cfg, insecure_host_key)
-        target.put(bundle, tarball)
-        rc, out, err = target.run(remote_unpack_script(board.directory, tarball), timeout=600)
-        if rc != 0:
-            raise TargetError(f"unpacking on the board failed (rc {rc}): {(err or out).strip()}")
+        cache_ship.ship_bundle(target, bundle, board.directory)
     except (TargetError, ValueError, OSError) as exc:
         detail = " ".join(str(exc).split()) or type(exc).__name__
         raise Exit(f"ship-cache: {detail}", code=1) from None
     finally:
         if target is not None:
             target.close()
-
-
-def remote_unpack_script(remote_dir: str, tarball: str) -> str:
-    """The sh script that unpacks `tarball` into `remote_dir` on the board the way
-    _unpack_whole does here: beside first, then each entry moved in whole."""
-    # Quoted for the remote shell (a directory may hold spaces or `;`); `~/` kept as $HOME.
-    where = shlex.quote(remote_dir)
-    if remote_dir == "~" or remote_dir.startswith("~/"):
-        where = '"$HOME"' + shlex.quote(remote_dir[1:]) if remote_dir != "~" else '"$HOME"'
-    tar = shlex.quote(tarball)
-    return (
-        f'set -e; d={where}; mkdir -p "$d"; t="$d/.ship-$$"; mkdir -p "$t"; '
-        f"trap 'rm -rf \"$t\" {tar}' EXIT; "
-        f'tar -xzf {tar} -C "$t"; '
-        'for sub in artifacts index; do [ -d "$t/$sub" ] || continue; mkdir -p "$d/$sub"; '
-        'for e in "$t/$sub"/* "$t/$sub"/.[!.]*; do [ -e "$e" ] || continue; n="${e##*/}"; '
-        # mv into an existing directory would nest; move the old entry aside first
-        'if [ -d "$d/$sub/$n" ]; then mv "$d/$sub/$n" "$t/old-$sub-$n"; fi; '
-        'mv "$e" "$d/$sub/$n"; done; done'
-    )
 
 
 def _unpack_whole(bundle: Path, dest: Path) -> None:

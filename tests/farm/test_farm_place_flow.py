@@ -187,3 +187,42 @@ def test_drive_follows_the_table_and_refuses_an_unknown_state():
     assert ctx.outcome.errors == ["b says no"]
     with pytest.raises(ValueError, match="unknown state 'nowhere'"):
         place_flow.drive(ctx, (step("a", "nowhere"),))
+
+
+def test_ship_cache_puts_the_bpu_cache_on_the_board_before_its_lanes(flow, tmp_path, monkeypatch):
+    """`farm.test --ship-cache`: the bundle goes through the place's target (here this machine,
+    a real shell) and lands whole in the board's default cache before setup and the lanes."""
+    from provision.target import LocalTarget
+
+    ctx, calls = flow(provision=False)
+    cache = tmp_path / "cache"
+    entry = cache / "artifacts" / ("a" * 64)
+    entry.mkdir(parents=True)
+    (entry / "model.hbm").write_bytes(b"hbm")
+    (entry / "manifest.json").write_text("{}")
+    board_home = tmp_path / "board-home"
+    board_home.mkdir()
+    real = LocalTarget(env={"HOME": str(board_home)})
+
+    class Recording:
+        name = "b0"
+
+        def put(self, local, remote):
+            calls.append("put")
+            real.put(local, remote)
+
+        def run(self, cmd, timeout=120.0, env=None):
+            calls.append("run")
+            return real.run(cmd, timeout=timeout)
+
+        def close(self):
+            calls.append("close")
+
+    monkeypatch.setattr(place_flow, "ssh_target", lambda job, host: Recording())
+    ctx.job.ship_cache = cache
+    assert place_flow.drive(ctx).ok
+    # (--no-provision: the facts are read over a connection of their own first)
+    after = calls[calls.index("ship_checkout") :]
+    assert after == ["ship_checkout", "put", "run", "setup", "run_lanes", "fetch", "close"]
+    shipped = board_home / ".cache" / "torch-fl" / "bpu" / "artifacts" / ("a" * 64)
+    assert sorted(p.name for p in shipped.iterdir()) == ["manifest.json", "model.hbm"]

@@ -279,7 +279,7 @@ def test_ship_cache_remote_script_unpacks_whole_entries(tmp_path: Path) -> None:
     import shutil
     import tarfile
 
-    from scripts.tasks import ship
+    from provision import cache_ship
 
     src = tmp_path / "src"
     _cache_with(src, 2)
@@ -289,7 +289,7 @@ def test_ship_cache_remote_script_unpacks_whole_entries(tmp_path: Path) -> None:
         with tarfile.open(tarball, "w:gz") as tar:
             tar.add(src / "artifacts", arcname="artifacts")
             tar.add(src / "index", arcname="index")
-        script = ship.remote_unpack_script("~/my cache; x", str(tarball))
+        script = cache_ship.remote_unpack_script("~/my cache; x", str(tarball))
         env = {"HOME": str(tmp_path / "board"), "PATH": os.environ.get("PATH", "/usr/bin:/bin")}
         (tmp_path / "board").mkdir(exist_ok=True)
         subprocess.run(["sh", "-c", script], env=env, check=True, timeout=60)
