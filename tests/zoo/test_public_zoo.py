@@ -34,7 +34,9 @@ EXPECTED: dict[str, tuple[float, int, float]] = {
     "tv_squeezenet1_1": (100.0, 1, 0.999),
     "tv_regnet_y_400mf": (100.0, 1, 0.91),
     "tv_swin_v2_t": (100.0, 1, 0.99),
-    "timm_efficientnet_b0": (100.0, 1, 0.92),
+    # 0.901 with torch on 1 thread, 0.924 on 2 (an AVX-512 VNNI host): fp32 summation order
+    # moves its activation ranges by 1e-7 and int8 rounding on random weights follows
+    "timm_efficientnet_b0": (100.0, 1, 0.89),
     "timm_mobilevitv2_050": (100.0, 1, 0.87),
     "timm_fastvit_t8": (100.0, 1, 0.995),
     "timm_convnextv2_atto": (100.0, 1, 0.999),
