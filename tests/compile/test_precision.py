@@ -225,3 +225,42 @@ def test_manual_int16_and_float_options(recwarn) -> None:
     assert len(named) == 1 and "'nope.*'" in named[0]
     with pytest.raises(bpu.SettingsError, match="int16"):
         compile_bpu(Outlier().eval(), executor="sim", int16=[3])(_samples(1, 1)[0])
+
+
+@pytest.mark.parametrize(
+    ("target", "outcome", "final"),
+    [(0.9999, "still below target", "int16"), (0.99999, "moved to float", "float")],
+)
+def test_a_layer_int16_is_not_enough_for_is_named(capsys, target, outcome, final) -> None:
+    """Outlier's `b` reads the outlier tensor: int16 lifts the partition past 0.9999, but `b`
+    alone with an int16 input (int8 weights) stays near 0.9997; calibrate and explain name it."""
+    torch.manual_seed(0)
+    model = Outlier().eval()
+    compiled = compile_bpu(model, executor="sim", cache=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        cal = bpu.calibrate(compiled, _samples(6, 1), target=target)
+    printed = capsys.readouterr().out
+    (short,) = cal.changes[0]["int16_short"]
+    assert short["module"] == "b" and short["op"] == "Conv" and short["precision"] == final
+    assert 0.99 < short["cosine"] < target
+    expected = f"int16 not enough: b (Conv, cosine {short['cosine']:.6f} < {target}); {outcome}"
+    assert short["message"] == expected and expected in printed
+    if final == "int16":  # the same number layer_report gives the layer alone
+        rows = bpu.layer_report(compiled, _samples(6, 1)).rows
+        (b,) = [r for r in rows if r.module == "b"]
+        assert b.precision == "int16"
+        assert b.cosine_alone == pytest.approx(short["cosine"], abs=1e-6)
+    with torch.no_grad():
+        table = bpu.explain(compiled, _samples(1, 3)[0]).table()
+    assert expected in table.split("int8 health", 1)[1]
+
+
+def test_no_layer_is_named_where_int16_is_enough() -> None:
+    torch.manual_seed(0)
+    compiled = compile_bpu(Outlier().eval(), executor="sim", cache=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        cal = bpu.calibrate(compiled, _samples(6, 1), target=0.999)
+    (change,) = cal.changes
+    assert change["int16"] and change["int16_short"] == []

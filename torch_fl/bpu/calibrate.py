@@ -126,6 +126,8 @@ def _say(summary: dict, label: str) -> None:
     )
     for step in summary["steps"]:
         print(f"  {step['to']}: {', '.join(step['tensors'])} -> cosine {step['cosine_after']:.6f}")
+    for short in summary.get("int16_short", ()):
+        print(f"  {short['message']}", flush=True)
 
 
 def _run_samples(
@@ -168,6 +170,24 @@ def _collect(
     result.precision[part.spec.fingerprint] = precision
 
 
+def _int16_short(
+    part: runtime.PartitionRuntime,
+    observer: RangeObserver,
+    scales: dict[str, float],
+    precision: dict[str, str],
+    summary: dict,
+) -> list[dict]:
+    """The layers int16 was not enough for (conversion/layer_check.py): each tensor the ladder
+    moved to int16 (and perhaps on to float), its reader measured alone in int16."""
+    from torch_fl.bpu.conversion.layer_check import int16_shortfalls
+
+    promoted = [t for step in summary["steps"] if step["to"] == "int16" for t in step["tensors"]]
+    return int16_shortfalls(
+        observer, scales, part.settings.act_scale, promoted, precision, summary["target"],
+        part.spec.gm,
+    )  # fmt: skip
+
+
 def _calibrate_partition(
     session: _Session,
     ident: int,
@@ -181,12 +201,14 @@ def _calibrate_partition(
     method, settings = session.method, part.settings
     scales = observer.scales()
     precision: dict[str, str] = {}
+    short: list[dict] = []
     label = f"partition {part.spec.index}"
     if target is not None and settings.quantize:
         from torch_fl.bpu.conversion.precision import promote
 
         precision, summary = promote(observer, scales, settings.act_scale, target, settings.march)
         summary["partition"] = part.spec.index
+        short = summary["int16_short"] = _int16_short(part, observer, scales, precision, summary)
         result.changes.append(summary)
         _say(summary, label)
     seen = session.counts[ident]
@@ -200,6 +222,8 @@ def _calibrate_partition(
         precision=precision, warn=target is None, stacklevel=3,
     )  # fmt: skip
     part.set_scales(scales, source, precision)
+    if short and part.entry.quant_health is not None:
+        part.entry.quant_health["int16_short"] = short
     if digest is not None:
         run_key = _run_key(session.keys[ident], digest, method, session.percentile)
         stored.STORE.put_key(run_key, record, settings.cache_dir if settings.cache else None)

@@ -25,11 +25,11 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import onnx
 import torch
 
 from torch_fl import atomic
 from torch_fl.bpu.conversion.calibration import QMAX, RangeObserver, _cosine, _session
+from torch_fl.bpu.conversion.layer_check import alone_model, with_outputs
 from torch_fl.bpu.conversion.layer_select import module_paths
 from torch_fl.bpu.conversion.qdq import QMAX16, WEIGHT_OPS, quantize_model
 from torch_fl.bpu.errors import CalibrationRunError
@@ -125,8 +125,8 @@ def _partition_rows(index: int, part, observer: RangeObserver, feeds: list[dict]
         if n.op_type in WEIGHT_OPS and len(n.input) > 1 and n.input[WEIGHT_OPS[n.op_type]] in inits
     ]  # fmt: skip
     outs = [n.output[0] for n in layers]
-    ref_model = _with_outputs(model, outs)
-    full = _with_outputs(quantize_model(model, scales, default, precision), outs)
+    ref_model = with_outputs(model, outs)
+    full = with_outputs(quantize_model(model, scales, default, precision), outs)
     ref_s, full_s = _session(ref_model), _session(full)
     names = [o.name for o in ref_model.graph.output]
     refs = [dict(zip(names, ref_s.run(names, f), strict=True)) for f in feeds]
@@ -146,7 +146,7 @@ def _partition_rows(index: int, part, observer: RangeObserver, feeds: list[dict]
         inputs = [v.get(act) if act in acts else None for v in values] or [None] * len(feeds)
         first = inputs[0] if inputs[0] is not None else feeds[0][act]
         shapes = (list(np.asarray(first).shape), list(np.asarray(refs[0][out]).shape))
-        alone_s = _session(_alone_model(model, node, by_name, scales, default, prec, shapes))
+        alone_s = _session(alone_model(model, node, by_name, scales, default, prec, shapes))
         cos_alone = min(
             _cosine(np.asarray(alone_s.run([out], {act: x if x is not None else f[act]})[0]),
                     np.asarray(r[out]))
@@ -184,29 +184,6 @@ def _partition_rows(index: int, part, observer: RangeObserver, feeds: list[dict]
             )  # fmt: skip
         )
     return rows
-
-
-def _alone_model(model, node, inits, scales, default, precision: str, shapes) -> onnx.ModelProto:
-    """A graph of `node` alone: its activation input a graph input, its weights and bias as in
-    `model`, quantized as the partition quantizes it (int8, int16) or left float."""
-    value = onnx.helper.make_tensor_value_info(node.input[0], onnx.TensorProto.FLOAT, shapes[0])
-    out = onnx.helper.make_tensor_value_info(node.output[0], onnx.TensorProto.FLOAT, shapes[1])
-    graph = onnx.helper.make_graph(
-        [node], "alone", [value], [out], [inits[n] for n in node.input[1:] if n in inits]
-    )
-    single = onnx.helper.make_model(graph, opset_imports=list(model.opset_import))
-    single.ir_version = model.ir_version
-    return quantize_model(single, scales, default, {node.input[0]: precision})
-
-
-def _with_outputs(model: onnx.ModelProto, names: list[str]) -> onnx.ModelProto:
-    out = onnx.ModelProto()
-    out.CopyFrom(model)
-    have = {o.name for o in out.graph.output}
-    out.graph.output.extend(
-        onnx.helper.make_empty_tensor_value_info(n) for n in names if n not in have
-    )
-    return out
 
 
 def layer_report(

@@ -207,6 +207,8 @@ class Report:
                 f"  {graph_id}/{p.id} {h['cosine']:.5f} {h['saturated_pct']:.3f} "
                 f"{h['zeroed_pct']:.3f} {worst.get('name', '-')}{flag}"
             )
+            # calibrate(target=...): the layers int16 was not enough for (layer_check.py)
+            lines += [f"  {graph_id}/{p.id} {s['message']}" for s in h.get("int16_short", ())]
         return lines
 
     def _worst_layer_lines(self) -> list[str]:
