@@ -41,6 +41,7 @@ import torch  # noqa: E402
 import torch_fl.bpu as bpu  # noqa: E402
 from scripts import plots  # noqa: E402
 from tests.support import ort  # noqa: E402
+from tests.support.pt2e import quantize as pt2e_quantize  # noqa: E402
 from torch_fl.bpu import report  # noqa: E402
 
 MODELS = ("resnet18", "mobilenetv3", "vit", "transformer_encoder")
@@ -98,18 +99,8 @@ def _ort_models(model, x, calib, tmp: Path) -> tuple[Path, Path]:
 
 def _pt2e(model, x, calib):
     """PT2E int8 (X86InductorQuantizer) compiled with inductor, or None without torchao."""
-    try:
-        import torchao.quantization.pt2e.quantizer.x86_inductor_quantizer as xiq
-        from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
-    except Exception:  # noqa: BLE001  (not installed, or built for another torch)
-        return None
-    exported = torch.export.export(model, (x,)).module()
-    quantizer = xiq.X86InductorQuantizer()
-    quantizer.set_global(xiq.get_default_x86_inductor_quantization_config())
-    prepared = prepare_pt2e(exported, quantizer)
-    for c in calib:
-        prepared(c)
-    return torch.compile(convert_pt2e(prepared), backend="inductor")
+    quantized = pt2e_quantize(model, x, calib)
+    return torch.compile(quantized, backend="inductor") if quantized is not None else None
 
 
 def _sim(model, x, calib, threads: int):

