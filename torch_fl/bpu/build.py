@@ -18,10 +18,11 @@ import json
 import tempfile
 import time
 import warnings
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import torch
 from torch import fx
 from torch.utils._python_dispatch import _disable_current_modes
@@ -30,7 +31,7 @@ from torch_fl.bpu.cache import Artifact, ArtifactCache, artifact_key
 from torch_fl.bpu.conversion import live_weights
 from torch_fl.bpu.conversion.export import OPSET, canonical_bytes, export_onnx
 from torch_fl.bpu.conversion.fold_bn import fold_batchnorm
-from torch_fl.bpu.conversion.qdq import effective_scales, quantize_model
+from torch_fl.bpu.conversion.qdq import add_to_biases, effective_scales, quantize_model
 from torch_fl.bpu.drivers import CompilerInfo, compile_onnx, discover
 from torch_fl.bpu.errors import CompileError
 from torch_fl.bpu.settings import BpuSettings
@@ -103,6 +104,7 @@ def graph_key(
     settings: BpuSettings,
     scales: dict[str, float] | None,
     precision: dict[str, str] | None = None,
+    bias: Mapping[str, Sequence[float]] | None = None,
 ) -> str:
     h = hashlib.sha256()
     header = {
@@ -114,6 +116,7 @@ def graph_key(
         "act_scale": settings.act_scale,
         "scales": sorted((scales or {}).items()),
         "precision": sorted((precision or {}).items()),
+        "bias": sorted((k, [float(x) for x in v]) for k, v in (bias or {}).items()),
         "frozen": spec.frozen_positions,
         "inputs": [(tuple(args[i].shape), str(args[i].dtype)) for i in spec.runtime_positions],
     }
@@ -161,6 +164,7 @@ def build(
     need_hbm: bool,
     compile_artifact: bool,
     precision: dict[str, str] | None = None,
+    bias: Mapping[str, Sequence[float]] | None = None,
 ) -> BuildResult:
     """Produce (or find) the artifact for `spec` with the weights in `args`.
 
@@ -175,7 +179,7 @@ def build(
     compiler_id = info.compiler_id if info is not None and info.kind != "none" else "none"
     want_compile = (need_hbm or compile_artifact) and compiler_id != "none"
     cache = ArtifactCache(settings.cache_dir) if settings.cache else None
-    gkey = graph_key(spec, args, settings, scales, precision)
+    gkey = graph_key(spec, args, settings, scales, precision, bias)
     timings["graph_key_s"] = time.perf_counter() - start
 
     if cache is not None:
@@ -196,7 +200,7 @@ def build(
                 str(hbm) if hbm else None,
             )
 
-    onnx_bytes, live_bytes = _convert(spec, args, settings, scales, timings, precision)
+    onnx_bytes, live_bytes = _convert(spec, args, settings, scales, timings, precision, bias)
     if need_hbm and not want_compile:
         raise CompileError(
             f"partition {spec.index}: no cached .hbm artifact and no hbdk4 compiler "
@@ -239,21 +243,30 @@ def _convert(
     scales: dict[str, float] | None,
     timings: dict[str, float],
     precision: dict[str, str] | None = None,
+    bias: Mapping[str, Sequence[float]] | None = None,
 ) -> tuple[bytes, bytes]:
-    """The canonical bytes of the (quantized) ONNX model and of its live-weights graph."""
+    """The canonical bytes of the (quantized) ONNX model and of its live-weights graph; `bias`
+    (bias correction: bias tensor -> delta) is added to those biases before quantization."""
     t0 = time.perf_counter()
     weight_graph = export_weight_graph(spec, args)
     baked = live_weights.bake(weight_graph, weight_values(spec, args))
     timings["export_s"] = time.perf_counter() - t0
     model = baked
+    deltas = {k: np.asarray(v, np.float32) for k, v in (bias or {}).items()}
     if settings.quantize:
         t0 = time.perf_counter()
-        model = quantize_model(baked, scales or {}, settings.act_scale, precision)
+        corrected = add_to_biases(baked, deltas) if deltas else baked
+        model = quantize_model(corrected, scales or {}, settings.act_scale, precision)
         timings["qdq_s"] = time.perf_counter() - t0
+    else:
+        deltas = {}
     onnx_bytes = canonical_bytes(model)
     # the live graph quantizes its bias with the same activation scales as the Q/DQ pass
-    live_scales = effective_scales(baked, scales or {}, settings.act_scale)
-    live = live_weights.make_live(weight_graph, baked, model, live_scales, settings.act_scale)
+    base = add_to_biases(baked, deltas) if deltas else baked
+    live_scales = effective_scales(base, scales or {}, settings.act_scale)
+    live = live_weights.make_live(
+        weight_graph, baked, model, live_scales, settings.act_scale, deltas
+    )
     return onnx_bytes, canonical_bytes(live)
 
 

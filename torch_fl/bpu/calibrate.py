@@ -23,9 +23,11 @@ from torch_fl.host_view import cpu_views
 
 
 class _Session:
-    def __init__(self, method: str, percentile: float) -> None:
+    def __init__(self, method: str, percentile: float, bias: bool | None = None) -> None:
         self.method = method
         self.percentile = percentile
+        self.bias = bias
+        """calibrate(bias_correction=...): None leaves it to each partition's settings."""
         self.observers: dict[int, tuple[runtime.PartitionRuntime, RangeObserver]] = {}
         self.keys: dict[int, stored.Keys] = {}
         self.counts: dict[int, int] = {}
@@ -40,6 +42,12 @@ class _Session:
             self.keys[id(part)] = part.calibration_keys(host)
         part.observe_inputs(self.observers[id(part)][1], host)
         self.counts[id(part)] = self.counts.get(id(part), 0) + 1
+
+    def corrects(self, part: runtime.PartitionRuntime) -> bool:
+        """Whether this partition's biases are corrected (the argument, else its settings)."""
+        if not part.settings.quantize:
+            return False
+        return part.settings.bias_correction if self.bias is None else self.bias
 
 
 def _positional_count(compiled_model: Any) -> int | None:
@@ -90,20 +98,24 @@ def _replay(session: _Session, digest: str, method: str, percentile: float) -> b
     for ident, (part, _) in session.observers.items():
         settings = part.settings
         cache_dir = settings.cache_dir if settings.cache else None
+        bias = session.corrects(part)
         found = stored.STORE.get(
-            _run_key(session.keys[ident], digest, method, percentile), cache_dir
+            _run_key(session.keys[ident], digest, method, percentile, bias), cache_dir
         )
         if found is None:
             return False
         hits[ident] = found[0]
     for ident, record in hits.items():
         part = session.observers[ident][0]
-        part.set_scales(record.scales, f"{record.source}; the same samples again, from the store")
+        part.set_scales(
+            record.scales, f"{record.source}; the same samples again, from the store",
+            dict(record.precision), dict(record.bias),
+        )  # fmt: skip
     return bool(hits)
 
 
-def _run_key(k: stored.Keys, digest: str, method: str, percentile: float) -> str:
-    return stored._key("run", k.exact, digest, method, percentile)
+def _run_key(k: stored.Keys, digest: str, method: str, percentile: float, bias: bool) -> str:
+    return stored._key("run", k.exact, digest, method, percentile, *(("bias",) if bias else ()))
 
 
 def _target(value: Any) -> float | None:
@@ -162,12 +174,15 @@ def _collect(
     scales: dict[str, float],
     names: Iterable[str],
     precision: dict[str, str],
+    bias: dict[str, list[float]],
 ) -> None:
     """One partition's calibration into the returned `Calibration`."""
     result.scales[part.spec.fingerprint] = scales
     result.names[part.spec.fingerprint] = list(names)
     result.families[part.spec.family] = part.spec.fingerprint
     result.precision[part.spec.fingerprint] = precision
+    if bias:
+        result.bias[part.spec.fingerprint] = bias
 
 
 def _int16_short(
@@ -186,6 +201,31 @@ def _int16_short(
         observer, scales, part.settings.act_scale, promoted, precision, summary["target"],
         part.spec.gm,
     )  # fmt: skip
+
+
+def _corrected_biases(
+    part: runtime.PartitionRuntime,
+    observer: RangeObserver,
+    scales: dict[str, float],
+    precision: dict[str, str],
+    label: str,
+) -> dict[str, list[float]]:
+    """Bias correction of one partition (conversion/bias_correction.py), said in one line."""
+    from torch_fl.bpu.conversion.bias_correction import corrections
+
+    deltas, summary = corrections(observer, scales, part.settings.act_scale, precision)
+    gain = ""
+    if deltas:
+        gain = (
+            f" (the worst corrected layer alone {summary['cosine_before']:.6f} -> "
+            f"{summary['cosine_after']:.6f})"
+        )
+    print(
+        f"torch_fl.bpu.calibrate: {label}: bias correction in {summary['corrected']} of "
+        f"{summary['layers']} layer(s) with a bias{gain}",
+        flush=True,
+    )
+    return {name: [float(x) for x in delta] for name, delta in deltas.items()}
 
 
 def _calibrate_partition(
@@ -211,23 +251,27 @@ def _calibrate_partition(
         short = summary["int16_short"] = _int16_short(part, observer, scales, precision, summary)
         result.changes.append(summary)
         _say(summary, label)
+    corrects = session.corrects(part)
+    bias = _corrected_biases(part, observer, scales, precision, label) if corrects else {}
     seen = session.counts[ident]
     source = f"calibrate() on {seen} sample(s) ({method})"
     if precision:
         n16 = sum(v == "int16" for v in precision.values())
         source += f", target {target}: {n16} int16, {len(precision) - n16} float"
+    if bias:
+        source += f", bias corrected in {len(bias)} layer(s)"
     # stacklevel 3: a poor-health warning points at the user's calibrate() call
     record = part.record_calibration(
         observer, scales, session.keys[ident], source, seen, method, label,
-        precision=precision, warn=target is None, stacklevel=3,
+        precision=precision, warn=target is None, stacklevel=3, bias=bias,
     )  # fmt: skip
-    part.set_scales(scales, source, precision)
+    part.set_scales(scales, source, precision, bias)
     if short and part.entry.quant_health is not None:
         part.entry.quant_health["int16_short"] = short
     if digest is not None:
-        run_key = _run_key(session.keys[ident], digest, method, session.percentile)
+        run_key = _run_key(session.keys[ident], digest, method, session.percentile, corrects)
         stored.STORE.put_key(run_key, record, settings.cache_dir if settings.cache else None)
-    _collect(result, part, scales, observer.names, precision)
+    _collect(result, part, scales, observer.names, precision, bias)
 
 
 def calibrate(
@@ -236,6 +280,7 @@ def calibrate(
     method: str = "max",
     percentile: float = 99.99,
     target: float | None = None,
+    bias_correction: bool | None = None,
 ) -> Calibration:
     """Run `samples` through a model compiled with backend="bpu" and calibrate every partition.
 
@@ -251,12 +296,21 @@ def calibrate(
     sensitivity on the samples and move the most sensitive to int16, then float, until every
     partition's outputs reach it (conversion/precision.py); what moved, and what it bought, is
     printed and returned in `Calibration.changes`.
+
+    `bias_correction` (None: each partition's option of that name, off by default): after the
+    scales (and `target`'s moves), correct each Conv / Gemm bias by its output channels' mean
+    quantization error on the samples, per layer only where that raises the layer's own output
+    cosine (conversion/bias_correction.py); the corrections are saved with the calibration.
     """
     # the same checks (and one-line errors) as options={'calib_method': ..., ...}
     method = parse_option("calib_method", method, "calibrate(method=...)")
     percentile = parse_option("calib_percentile", percentile, "calibrate(percentile=...)")
     target = _target(target)
-    session = _Session(method, percentile)
+    if bias_correction is not None:
+        bias_correction = parse_option(
+            "bias_correction", bias_correction, "calibrate(bias_correction=...)"
+        )
+    session = _Session(method, percentile, bias_correction)
     digest = samples_digest(samples)
     if digest is not None and target is not None:
         digest = stored._key(digest, "target", target)
@@ -274,7 +328,7 @@ def calibrate(
     for ident, (part, observer) in session.observers.items():
         if replayed:
             scales = dict(part.scales or {})
-            _collect(result, part, scales, observer.names, dict(part.precision))
+            _collect(result, part, scales, observer.names, dict(part.precision), dict(part.bias))
         else:
             _calibrate_partition(session, ident, target, digest, result)
     return result

@@ -256,6 +256,14 @@ class BpuSettings:
         "a number in (50, 100]",
         "The percentile of |activation| the `percentile` method keeps.",
     )
+    bias_correction: bool = _option(
+        False,
+        _parse_bool,
+        "bool",
+        "calibrate() also corrects each Conv / Gemm bias by the mean int8 error of its output "
+        "channels on the samples, per layer only where that raises the layer's own cosine "
+        "(conversion/bias_correction.py); calibrate(bias_correction=...) overrides it.",
+    )
     march: str = _option(
         "nash-e",
         _choice(MARCHES),

@@ -44,6 +44,7 @@ class Calibration:
         families: Mapping[str, str] | None = None,
         names: Mapping[str, Sequence[str]] | None = None,
         precision: Mapping[str, Mapping[str, str]] | None = None,
+        bias: Mapping[str, Mapping[str, Sequence[float]]] | None = None,
     ) -> None:
         self.scales: dict[str, dict[str, float]] = {
             k: {n: float(s) for n, s in v.items()} for k, v in (scales or {}).items()
@@ -61,6 +62,12 @@ class Calibration:
             if k in self.scales
         }
         """Per fingerprint, the tensors kept in int16 or float (calibrate(target=...))."""
+        self.bias: dict[str, dict[str, list[float]]] = {
+            str(k): {str(n): [float(x) for x in d] for n, d in v.items()}
+            for k, v in (bias or {}).items()
+            if k in self.scales and v
+        }
+        """Per fingerprint, bias tensor -> correction per channel (calibrate(bias_correction=))."""
         self.changes: list[dict] = []
         """What calibrate(target=...) moved out of int8 per partition, and what it bought."""
 
@@ -69,6 +76,9 @@ class Calibration:
 
     def precision_for(self, fingerprint: str) -> dict[str, str]:
         return dict(self.precision.get(fingerprint, {}))
+
+    def bias_for(self, fingerprint: str) -> dict[str, list[float]]:
+        return dict(self.bias.get(fingerprint, {}))
 
     def for_family(self, family: str) -> tuple[dict[str, float], list[str]] | None:
         """(scales, tensor names in graph order) of a partition with this structure, if any."""
@@ -93,6 +103,7 @@ class Calibration:
                 "families": self.families,
                 "names": self.names,
                 "precision": self.precision,
+                "bias": self.bias,
             },
             indent=1,
             sort_keys=True,
@@ -122,6 +133,7 @@ class Calibration:
             data.get("families"),
             data.get("names"),
             data.get("precision"),
+            data.get("bias"),
         )
 
 
@@ -208,12 +220,14 @@ def _health_stats(
     scales: Mapping[str, float],
     default_scale: float,
     precision: Mapping[str, str] | None,
+    bias: Mapping[str, Sequence[float]] | None = None,
 ) -> tuple[float, dict[str, list[float]]]:
     """The worst output cosine (int8 vs float) over the kept samples, and per quantized tensor
     [values, saturated, nonzero, zeroed] counts."""
-    from torch_fl.bpu.conversion.qdq import quantize_model
+    from torch_fl.bpu.conversion.qdq import add_to_biases, quantize_model
 
-    quantized = quantize_model(observer.model, scales, default_scale, precision)
+    base = add_to_biases(observer.model, bias) if bias else observer.model
+    quantized = quantize_model(base, scales, default_scale, precision)
     float_session, int8_session = _session(observer.model), _session(quantized)
     out_names = [o.name for o in observer.model.graph.output]
     worst_cos = 1.0
@@ -280,6 +294,7 @@ def health(
     warn: bool = True,
     precision: Mapping[str, str] | None = None,
     stacklevel: int = 3,
+    bias: Mapping[str, Sequence[float]] | None = None,
 ) -> dict:
     """How far the int8 partition is from the float one on the kept calibration samples.
 
@@ -292,7 +307,7 @@ def health(
     """
     if not observer.kept_inputs:
         return {}
-    worst_cos, per_tensor = _health_stats(observer, scales, default_scale, precision)
+    worst_cos, per_tensor = _health_stats(observer, scales, default_scale, precision, bias)
     result = _health_summary(
         worst_cos, per_tensor, scales, default_scale, len(observer.kept_inputs)
     )
@@ -317,5 +332,7 @@ def merge(calibrations: Iterable[Calibration]) -> Calibration:
         merged.scales.update(cal.scales)
         merged.names.update(cal.names)
         merged.families.update(cal.families)
+        merged.precision.update(cal.precision)
+        merged.bias.update(cal.bias)
         merged.method = cal.method
     return merged

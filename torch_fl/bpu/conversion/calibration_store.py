@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import threading
 import time
 import warnings
@@ -53,6 +54,8 @@ class Record:
     method: str
     precision: dict[str, str] = field(default_factory=dict)
     """Tensors kept in int16 or float (calibrate(target=...), options int16/float); int8 else."""
+    bias: dict[str, list[float]] = field(default_factory=dict)
+    """Bias correction (calibrate(bias_correction=True)): bias tensor -> delta per channel."""
 
     @property
     def guessed(self) -> bool:
@@ -68,6 +71,7 @@ class Record:
                 "samples": self.samples,
                 "method": self.method,
                 "precision": self.precision,
+                "bias": self.bias,
                 "written": time.time(),
             },
             sort_keys=True,
@@ -95,8 +99,23 @@ class Record:
             raise ValueError("bad precision")
         return cls(
             clean, names, str(data["source"]), int(data["samples"]), str(data["method"]),
-            {str(k): str(v) for k, v in precision.items()},
+            {str(k): str(v) for k, v in precision.items()}, bias_deltas(data.get("bias")),
         )  # fmt: skip
+
+
+def bias_deltas(value: Any) -> dict[str, list[float]]:
+    """A stored bias-correction map checked: tensor name -> finite numbers (ValueError else)."""
+    if not value:
+        return {}
+    if not isinstance(value, dict):
+        raise ValueError("bad bias correction")
+    out = {}
+    for name, delta in value.items():
+        numbers = [float(x) for x in delta]
+        if not all(math.isfinite(x) for x in numbers):
+            raise ValueError(f"bad bias correction for {name!r}")
+        out[str(name)] = numbers
+    return out
 
 
 def family_of(gm: torch.fx.GraphModule) -> str:

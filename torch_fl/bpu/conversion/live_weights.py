@@ -167,6 +167,13 @@ class _Builder:
         flat = self.const([-1] if axis is not None else [], np.int64)
         return q, self.op("Reshape", [scale, flat])
 
+    def plus(self, name: str, delta: Sequence[float] | np.ndarray) -> str:
+        """`name` + the constant vector `delta` (a bias correction)."""
+        const = f"live::bias_delta::{name}"
+        array = np.asarray(delta, np.float32).reshape(-1)
+        self.inits[const] = numpy_helper.from_array(array, const)
+        return self.op("Add", [name, const])
+
     def bias(self, name: str, weight_scale: str, act_scale: float) -> tuple[str, str]:
         """(int32 bias, scale): scale = float32(act * w_scale in float64), q = rint(b / scale)
         clipped to +-BIAS_QMAX."""
@@ -194,8 +201,10 @@ def make_live(
     quantized: onnx.ModelProto,
     act_scales: Mapping[str, float],
     default_scale: float,
+    bias_delta: Mapping[str, np.ndarray] | None = None,
 ) -> onnx.ModelProto:
-    """`quantized` (the Q/DQ pass applied to `baked`) reading its weights as inputs."""
+    """`quantized` (the Q/DQ pass applied to `baked`) reading its weights as inputs; a bias
+    named in `bias_delta` (bias correction) is quantized as live bias + delta."""
     live = onnx.ModelProto()
     live.CopyFrom(quantized)
     graph = live.graph
@@ -235,6 +244,8 @@ def make_live(
         if bdq is None or new.input[b_slot] == bias:
             continue
         act_scale = float(act_scales.get(old.input[0], default_scale))
+        if bias_delta and bias in bias_delta:
+            bias = build.plus(bias, bias_delta[bias])
         qb, bscale = build.bias(bias, scale, act_scale)
         bdq.input[0], bdq.input[1] = qb, bscale
     nodes = [*wg.weight_nodes, *build.nodes, *graph.node]

@@ -399,6 +399,19 @@ def quantize_model(
     return model_q
 
 
+def add_to_biases(model: onnx.ModelProto, deltas: Mapping[str, np.ndarray]) -> onnx.ModelProto:
+    """A copy of float `model` whose bias initializers named in `deltas` have it added."""
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    for init in out.graph.initializer:
+        if init.name in deltas:
+            bias = numpy_helper.to_array(init).astype(np.float32)
+            delta = np.asarray(deltas[init.name], np.float32)
+            if delta.size == bias.size:  # a delta of another graph is not applied
+                init.CopyFrom(numpy_helper.from_array(bias + delta.reshape(bias.shape), init.name))
+    return out
+
+
 def _at_int16_opset(model: onnx.ModelProto) -> onnx.ModelProto:
     """The float graph converted to INT16_OPSET (ONNX's own version converter: the same
     results), so its Q/DQ pairs may be int16."""

@@ -59,6 +59,8 @@ class PartitionRuntime(torch.nn.Module):
         """Set by calibrate() or found on the first call (`_find_scales`); kept across rebuilds."""
         self.precision: dict[str, str] = {}
         """Activation tensors kept in int16 or float (calibrate(target=...)); int8 else."""
+        self.bias: dict[str, list[float]] = {}
+        """Bias correction: bias tensor -> delta per channel (calibrate(bias_correction=True))."""
         self._guessed_scales = False
         """self.scales were measured on one first call (not by calibrate() or a record)."""
         self.last_build: BuildResult | None = None
@@ -142,9 +144,11 @@ class PartitionRuntime(torch.nn.Module):
         scales: dict[str, float],
         source: str = "calibrate()",
         precision: dict[str, str] | None = None,
+        bias: dict[str, list[float]] | None = None,
     ) -> None:
         self.scales = dict(scales)
         self.precision = dict(precision or {})
+        self.bias = dict(bias or {})
         self._calibrated(source)
         self.invalidate()
 
@@ -180,6 +184,7 @@ class PartitionRuntime(torch.nn.Module):
         precision: dict[str, str] | None = None,
         warn: bool = True,
         stacklevel: int = 1,
+        bias: dict[str, list[float]] | None = None,
     ) -> stored.Record:
         """Calibrating one partition, after observing: the int8 health of `scales` in the report
         (quantized builds), and the record in the calibration store under `keys`. The caller
@@ -189,11 +194,11 @@ class PartitionRuntime(torch.nn.Module):
         if settings.quantize:
             self.entry.quant_health = health(
                 observer, scales, settings.act_scale, label,
-                warn=warn, precision=precision, stacklevel=stacklevel + 2,
+                warn=warn, precision=precision, stacklevel=stacklevel + 2, bias=bias,
             )  # fmt: skip
         record = stored.Record(
             scales, tuple(observer.names), source, samples, method,
-            {} if precision is None else precision,
+            {} if precision is None else precision, dict(bias or {}),
         )  # fmt: skip
         stored.STORE.put(keys, record, settings.cache_dir if settings.cache else None)
         return record
@@ -236,6 +241,7 @@ class PartitionRuntime(torch.nn.Module):
             return False
         self.scales = found
         self.precision = given.precision_for(self.spec.fingerprint)
+        self.bias = given.bias_for(self.spec.fingerprint)
         self._calibrated("options={'calibration': ...}")
         return True
 
@@ -247,6 +253,7 @@ class PartitionRuntime(torch.nn.Module):
         record, where = hit
         self.scales = record.scales
         self.precision = dict(record.precision)
+        self.bias = dict(record.bias)
         self._calibrated(f"{record.source}; found in the {where} store", guessed=record.guessed)
         return True
 
@@ -354,7 +361,7 @@ class PartitionRuntime(torch.nn.Module):
             precision = self._with_manual_precision(host)
             result = build_partition(
                 self.spec, host, settings, self.scales, how.needs_hbm, compile_artifact,
-                precision,
+                precision, self.bias,
             )  # fmt: skip
             executor = make_executor(how, self.spec, settings, result)
             if device is not None:
