@@ -217,8 +217,8 @@ def layer_report(
             "backend='bpu') returned, and at least one sample"
         )
     rows: list[LayerRow] = []
-    for part, observer in session.observers.values():
-        if part.scales is None:
+    for ident, (part, observer) in session.observers.items():
+        if not part.recall_scales(session.keys[ident]):
             raise CalibrationRunError(
                 f"layer_report: partition {part.spec.index} is not calibrated. Fix: "
                 "torch_fl.bpu.calibrate(compiled, samples) first"

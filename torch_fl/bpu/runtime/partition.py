@@ -233,6 +233,14 @@ class PartitionRuntime(torch.nn.Module):
             return
         self._first_call_scales(host, k, label)
 
+    def recall_scales(self, k: stored.Keys) -> bool:
+        """This partition's scales as given or stored (store keys `k`), without calibrating:
+        a graph recompiled since calibrate() (explain() re-traces) that has not run yet."""
+        if self.scales is not None or self._given_scales():
+            return True
+        settings = self.settings
+        return self._stored_scales(k, settings.cache_dir if settings.cache else None)
+
     def _given_scales(self) -> bool:
         """options={'calibration': ...} names this very partition: its scales and precision."""
         given = self.settings.calibration
