@@ -130,3 +130,17 @@ def test_bad_bias_correction_is_refused(bad) -> None:
     compiled = compile_bpu(RoundsDown().eval(), executor="sim", cache=False)
     with pytest.raises(SettingsError, match="bias_correction"):
         bpu.calibrate(compiled, _samples(1, 1), bias_correction=bad)
+
+
+def test_the_correction_carries_over_to_another_batch_size() -> None:
+    model, compiled, cal = _calibrated(True)
+    ((deltas),) = cal.bias.values()
+    x = torch.cat(_samples(2, 2))
+    with report.ran() as reps, torch.no_grad():
+        out = compiled(x)  # batch 2: a new graph, the scales carried over by position
+    (part,) = [r for g in reps for r in g.runtimes if r.spec.fingerprint not in cal.bias]
+    assert "carried over" in part.entry.calibration["source"]
+    assert part.bias == deltas
+    with torch.no_grad():
+        one = torch.cat([compiled(x[i : i + 1]) for i in range(2)])
+    assert torch.allclose(out, one, atol=1e-5)

@@ -275,13 +275,16 @@ class PartitionRuntime(torch.nn.Module):
         if family is None and hit is None:
             return False
         names = activation_inputs(export_float(self.spec, host))
-        for scales, old_names, source in (
-            (*family, "options={'calibration': ...}") if family else (None, None, ""),
-            (hit[0].scales, hit[0].names, hit[0].source) if hit else (None, None, ""),
+        # a bias correction is per output channel: the same at any input shape
+        family_bias = given.bias_for(given.families[self.spec.family]) if family else {}
+        for scales, old_names, source, bias in (
+            (*family, "options={'calibration': ...}", family_bias) if family else (None,) * 4,
+            (hit[0].scales, hit[0].names, hit[0].source, hit[0].bias) if hit else (None,) * 4,
         ):
             carried = stored.carry(scales, old_names, names) if scales else None
             if carried is not None:
                 self.scales = carried
+                self.bias = dict(bias or {})
                 if hit is not None and not family:
                     self.precision = stored.carry_precision(hit[0].precision, old_names, names)
                 self._calibrated(
