@@ -18,6 +18,10 @@ import torch
 import torch_fl.bpu as bpu
 from tests.support.public_zoo import MODELS, available, build, cosine, output_tensors, samples
 
+# The random-weight CNNs below 0.95 swing by up to 0.03 with fp32 summation order alone (torch's
+# thread count, or scales replayed from a calibration another process computed): their ranges
+# move by 1e-7 and int8 rounding follows (measured on an AVX-512 VNNI host: RegNet 0.885-0.915,
+# MobileNetV3 0.910-0.930, EfficientNet-B0 (timm) 0.894-0.924), so their floors sit that far down.
 # model: (min coverage %, max partitions, min calibrated cosine): the measured state, a little
 # below it (docs/compile-models.md, *Public architectures*, one run of
 # scripts/bench_public_zoo.py). The CNNs below 0.999 are at the limit of int8 with per-tensor
@@ -26,18 +30,16 @@ from tests.support.public_zoo import MODELS, available, build, cosine, output_te
 # position and token-type arithmetic on the CPU (int64 ops: not BPU work).
 EXPECTED: dict[str, tuple[float, int, float]] = {
     "tv_resnet18": (100.0, 1, 0.99),
-    "tv_mobilenet_v2": (100.0, 1, 0.88),
-    "tv_mobilenet_v3_large": (100.0, 1, 0.92),
+    "tv_mobilenet_v2": (100.0, 1, 0.86),
+    "tv_mobilenet_v3_large": (100.0, 1, 0.89),
     "tv_alexnet": (100.0, 1, 0.999),
-    "tv_efficientnet_b0": (100.0, 1, 0.87),
-    "tv_shufflenet_v2_x0_5": (100.0, 1, 0.86),
+    "tv_efficientnet_b0": (100.0, 1, 0.85),
+    "tv_shufflenet_v2_x0_5": (100.0, 1, 0.83),
     "tv_squeezenet1_1": (100.0, 1, 0.999),
-    "tv_regnet_y_400mf": (100.0, 1, 0.91),
+    "tv_regnet_y_400mf": (100.0, 1, 0.88),
     "tv_swin_v2_t": (100.0, 1, 0.99),
-    # 0.901 with torch on 1 thread, 0.924 on 2 (an AVX-512 VNNI host): fp32 summation order
-    # moves its activation ranges by 1e-7 and int8 rounding on random weights follows
-    "timm_efficientnet_b0": (100.0, 1, 0.89),
-    "timm_mobilevitv2_050": (100.0, 1, 0.87),
+    "timm_efficientnet_b0": (100.0, 1, 0.87),
+    "timm_mobilevitv2_050": (100.0, 1, 0.85),
     "timm_fastvit_t8": (100.0, 1, 0.995),
     "timm_convnextv2_atto": (100.0, 1, 0.999),
     "hf_gpt2": (100.0, 1, 0.999),
