@@ -60,6 +60,9 @@ class CliTask(Task):
         self.short = dict(short or {})
         self.honours_dry = honours_dry
         super().__init__(*args, **kwargs)
+        # invoke pops each flag's text out of self.help while it builds the parser; `TASK -h`
+        # (the -h taken as a positional) prints them from this copy.
+        self.flag_help = dict(self.help or {})
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         values = [*args[1:], *kwargs.values()]
@@ -107,9 +110,9 @@ class CliTask(Task):
         name = self.cli_name
         lines = [f"Usage: invoke [--core-opts] {name} [--options]", ""]
         lines += [f"  {line}".rstrip() for line in (self.__doc__ or "").strip().splitlines()]
-        if self.help:
+        if self.flag_help:
             lines += ["", "Options:"]
-            for arg, text in self.help.items():
+            for arg, text in self.flag_help.items():
                 lines.append(f"  --{arg.replace('_', '-'):<24} {text}")
         return "\n".join(lines)
 

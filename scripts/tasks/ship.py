@@ -31,7 +31,6 @@ from provision.floor import outpaths
 from scripts.tasks.cache_paths import cache_root
 from scripts.tasks.cli import CliTask, bad_flag
 
-BOARD_CACHE = cache_ship.BOARD_CACHE
 # `[user@]host[:port][:dir]`, IPv6 in brackets; a `:dir` part that is not all digits is a dir.
 _BOARD_RE = re.compile(
     r"^(?P<host>(?:[A-Za-z0-9._-]+@)?(?:\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._-]+))"
@@ -64,7 +63,7 @@ def parse_board(dest: str, directory: str | None) -> BoardDest:
     if match["dir"] and directory:
         raise bad_flag("--dir", directory, f"DEST {dest!r} names a directory already; keep one")
     port = match["port"] or "22"
-    return BoardDest(f"{match['host']}:{port}", directory or match["dir"] or BOARD_CACHE)
+    return BoardDest(f"{match['host']}:{port}", directory or match["dir"] or cache_ship.BOARD_CACHE)
 
 
 def _local_dest(dest: str) -> Path:
@@ -82,7 +81,7 @@ def _local_dest(dest: str) -> Path:
     klass=CliTask,
     help={
         "dest": "user@host[:port] (a board, over SSH) or a local directory",
-        "dir": f"the cache directory on the board (default {BOARD_CACHE})",
+        "dir": f"the cache directory on the board (default {cache_ship.BOARD_CACHE})",
         "cache_dir": "cache root",
         "insecure_host_key": "accept a board whose host key is not in known_hosts (test boards)",
     },

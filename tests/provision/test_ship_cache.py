@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from provision import cache_ship
 from scripts.tasks import ship
 
 REPO = Path(__file__).resolve().parents[2]
@@ -68,12 +69,12 @@ def test_ship_cache_refuses_a_board_whose_host_key_is_unknown(sshd, iso) -> None
 @pytest.mark.parametrize(
     ("dest", "address", "directory"),
     [
-        ("root@board", "root@board:22", ship.BOARD_CACHE),
-        ("root@board:2222", "root@board:2222", ship.BOARD_CACHE),
+        ("root@board", "root@board:22", cache_ship.BOARD_CACHE),
+        ("root@board:2222", "root@board:2222", cache_ship.BOARD_CACHE),
         ("root@board:2222:/data/c", "root@board:2222", "/data/c"),
         ("board:/srv/c", "board:22", "/srv/c"),
         ("u@b:~/c", "u@b:22", "~/c"),
-        ("root@[fe80::2]:22", "root@[fe80::2]:22", ship.BOARD_CACHE),
+        ("root@[fe80::2]:22", "root@[fe80::2]:22", cache_ship.BOARD_CACHE),
     ],
 )
 def test_board_destinations(dest: str, address: str, directory: str) -> None:

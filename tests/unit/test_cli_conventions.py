@@ -358,3 +358,12 @@ def test_ship_cache_to_an_empty_destination_unpacks_nothing(tmp_path: Path) -> N
         )  # fmt: skip
         assert run.returncode == 2 and "DEST" in run.stderr, (run.stdout, run.stderr)
     assert list(work.iterdir()) == []  # Path("") is the cwd: nothing was unpacked there
+
+
+def test_dash_h_as_a_positional_still_lists_the_flags() -> None:
+    """`ship-cache -h` takes -h as DEST; invoke had popped the flag texts while parsing."""
+    run = subprocess.run(
+        [*INVOKE, "-r", str(REPO), "ship-cache", "-h"], capture_output=True, text=True, timeout=120
+    )
+    assert run.returncode == 0, run.stderr
+    assert "--insecure-host-key" in run.stdout and "--dir" in run.stdout, run.stdout
