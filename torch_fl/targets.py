@@ -15,9 +15,14 @@ MARCHES: tuple[str, ...] = ("nash-e", "nash-m", "nash-p")
 
 # Activation precisions each march's BPU computes in (calibrate(target=...) promotes the most
 # sensitive int8 tensors to the next one; "float" beyond these runs on the CPU). nash-e and
-# nash-m take int16 activations; nash-p also float16.
+# nash-m take int16 activations, and "dual int16" (the int16 input of a Conv / Gemm / MatMul
+# with int16 weights, HMCT's step after int16); nash-p also float16.
 MARCH_PRECISIONS: dict[str, tuple[str, ...]] = {
-    "nash-e": ("int8", "int16"),
-    "nash-m": ("int8", "int16"),
-    "nash-p": ("int8", "int16", "float16"),
+    "nash-e": ("int8", "int16", "dual_int16"),
+    "nash-m": ("int8", "int16", "dual_int16"),
+    "nash-p": ("int8", "int16", "dual_int16", "float16"),
 }
+
+# What a tensor of a partition may be kept in (the Q/DQ pass, a saved calibration, the options):
+# the BPU's integer precisions, and float (the op reading it runs on the CPU).
+PRECISIONS: tuple[str, ...] = ("int8", "int16", "dual_int16", "float")

@@ -190,10 +190,11 @@ def test_baked_weight_check_is_bytewise():
     assert frozen.stale(args)
 
 
-def test_live_bias_beyond_int32_is_clipped_not_wrapped():
-    """Activation scales are fixed at build; a bias grown past int32 at that scale saturates,
-    as the Q/DQ pass's own clip would, instead of wrapping to the opposite sign."""
-    model = nn.Conv2d(1, 1, 1).eval()
+def test_live_bias_beyond_int32_raises_its_channel_weight_scale():
+    """Activation scales are fixed at build; a bias grown past int32 at that scale raises its
+    channel's weight scale in the live graph (qdq.bias_floor, computed from the live bias), as
+    the Q/DQ pass does at build: the bias is held exactly instead of wrapping or saturating."""
+    model = nn.Conv2d(1, 2, 1).eval()
     with torch.no_grad():
         model.weight.fill_(1.0)
         model.bias.fill_(1.0)
@@ -202,11 +203,12 @@ def test_live_bias_beyond_int32_is_clipped_not_wrapped():
         model, executor="sim", sim_weights="live", act_scale=1e-6, calibrate="none"
     )
     with torch.no_grad():
-        assert torch.allclose(compiled(x), torch.ones(1, 1, 2, 2))
-        model.bias.data.fill_(100.0)  # 100 / (1e-6 x 1/127) is far beyond int32
+        assert torch.allclose(compiled(x), torch.ones(1, 2, 2, 2))
+        model.bias.data[0] = 100.0  # 100 / (1e-6 x 1/127) is far beyond int32
         out = compiled(x)
-    limit = 2**30 * float(torch.tensor(1e-6 / 127, dtype=torch.float32))
-    assert torch.allclose(out, torch.full_like(out, limit), rtol=1e-4)
+    # clipped at the old scale it would be 2^30 x 1e-6 / 127 ~ 8.45; channel 1 is untouched
+    assert torch.allclose(out[0, 0], torch.full_like(out[0, 0], 100.0), rtol=1e-6)
+    assert torch.allclose(out[0, 1], torch.ones_like(out[0, 1]))
 
 
 class Wide(nn.Module):

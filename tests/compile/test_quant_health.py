@@ -110,3 +110,45 @@ def test_tiny_activation_scale_keeps_the_bias_instead_of_wrapping_int32():
     assert torch.nn.functional.cosine_similarity(out.flatten(), ref.flatten(), dim=0) > 0.999
     assert out.std() > 0.5 * ref.std()
     assert reps[0].partitions[0].quant_health["cosine"] >= 0.999
+
+
+class DeadChannel(nn.Module):
+    """A trained network's dead channel after BatchNorm folding: weights ~1e-8 beside an
+    ordinary bias (EfficientNet-Lite0's stem has such channels), next to live channels."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+        self.head = nn.Conv2d(8, 4, 1)
+        with torch.no_grad():
+            self.conv.weight[0].mul_(1e-8)
+            self.conv.bias[0] = -3.0
+
+    def forward(self, x):
+        return self.head(torch.relu(self.conv(x)))
+
+
+@pytest.mark.parametrize("sim_weights", ["checked", "live"])
+def test_a_dead_channel_raises_its_own_weight_scale_not_the_input_scale(sim_weights) -> None:
+    """Before: the bias of the dead channel left int32 at max|w|/127, the pass raised the shared
+    input scale to fit it and every channel's input collapsed to a few levels."""
+    import onnx
+
+    torch.manual_seed(0)
+    model = DeadChannel().eval()
+    samples = [torch.randn(1, 3, 8, 8) for _ in range(3)]
+    compiled = compile_bpu(model, executor="sim", sim_weights=sim_weights)
+    with report.collect() as reps:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # healthy: no quantization warning
+            bpu.calibrate(compiled, samples)
+        with torch.no_grad():
+            out, ref = compiled(samples[0]), model(samples[0])
+    assert torch.nn.functional.cosine_similarity(out.flatten(), ref.flatten(), dim=0) > 0.999
+    part = reps[0].runtimes[0]
+    graph = onnx.load_from_string(part.last_build.onnx_bytes).graph
+    inits = {i.name: onnx.numpy_helper.to_array(i) for i in graph.initializer}
+    first_q = next(n for n in graph.node if n.op_type == "QuantizeLinear")
+    assert first_q.input[0] == graph.input[0].name
+    # the calibrated ~4 / 127, not raised to fit the dead channel's bias (~3e-3 x 127 / 1e-8 / 2^30)
+    assert float(inits[first_q.input[1]]) < 0.1

@@ -1,9 +1,10 @@
-"""Trained weights on real photos (tests/support/trained.py): ImageNet MobileNetV2 features.
+"""Trained weights on real photos (tests/support/trained.py).
 
 - plain `calibrate()` matches ONNX Runtime's static quantizer with the same (symmetric int8,
   MinMax) scheme on the same calibration and held-out crops, and `method="percentile"` beats it;
-- `calibrate(target=0.999)` reaches feature cosine >= 0.99 on held-out crops of other photos
-  (the issue's target), says how many tensors it moved, and keeps them across a recompile.
+- `calibrate(target=0.999)` on every network of `trained.MODELS` (MobileNetV2, EfficientNet-Lite0,
+  MTCNN's ONet) meets the target on every calibration sample, reaches >= 0.99 on held-out
+  photos, says what it moved, and keeps it across a recompile.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import torch
 
 import torch_fl.bpu as bpu
 from tests.support import trained
-from tests.support.public_zoo import cosine
+from tests.support.public_zoo import cosine, output_tensors
 
 pytestmark = [
     pytest.mark.slow,
@@ -65,19 +66,54 @@ def test_plain_calibration_matches_onnx_runtime_symmetric_int8(setup) -> None:
     assert _mean(better, test, refs) > peer + 0.01, peer
 
 
-def test_target_reaches_the_feature_cosine(setup, capsys) -> None:
-    model, calib, test, refs = setup
+@pytest.mark.parametrize("name", list(trained.MODELS))
+def test_target_reaches_the_output_cosine(name, capsys) -> None:
+    """calibrate(target=0.999) on every trained network: met, on every output of every
+    calibration sample (16, all judged by the ladder), >= 0.99 on held-out photos, the moves
+    printed; a recompile finds the scales and the precision choice again."""
+    missing = trained.available(name)
+    if missing:
+        pytest.skip(missing)
+    entry = trained.MODELS[name]
+    model = entry.build()
+    calib = entry.samples(trained.CALIB_PHOTOS, entry.calib_per_photo, 1)
+    test = entry.samples(trained.TEST_PHOTOS, max(1, entry.test_per_photo // 2), 2)
+    assert len(calib) == 16
+    with torch.no_grad():
+        calib_refs = [output_tensors(model(x)) for x in calib]
+        refs = [output_tensors(model(x)) for x in test]
     compiled = _compiled(model)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         cal = bpu.calibrate(compiled, calib, method="auto", target=0.999)
-    (change,) = cal.changes
-    assert change["met"] and change["int16"], change
+    assert cal.changes and all(c["met"] for c in cal.changes), cal.changes
+    moved = sum(len(c["int16"]) + len(c["dual_int16"]) + len(c["float"]) for c in cal.changes)
+    assert moved > 0  # int8 alone is below the target on each of these
     assert "target 0.999 met" in capsys.readouterr().out
-    assert _mean(compiled, test, refs) >= 0.99
+    # the ladder's own measure is the float ONNX partition; the torch model differs by rounding
+    assert _worst(compiled, calib, calib_refs) >= 0.999 - 2e-4
+    assert _mean_all(compiled, test, refs) >= 0.99
     torch._dynamo.reset()  # a recompile finds the scales and the int16 / float choice again
     again = torch.compile(model, backend="bpu", options={"executor": "sim", "cache": False})
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        assert _mean(again, test, refs) >= 0.99
+        assert _mean_all(again, test, refs) >= 0.99
     assert not [w for w in caught if "no calibration" in str(w.message)]
+
+
+def _per_sample(run, xs, refs) -> list[float]:
+    """Per sample, its worst output's cosine against fp32."""
+    with torch.no_grad():
+        return [
+            min(cosine(a, b) for a, b in zip(output_tensors(run(x)), r, strict=True))
+            for x, r in zip(xs, refs, strict=True)
+        ]
+
+
+def _worst(run, xs, refs) -> float:
+    return min(_per_sample(run, xs, refs))
+
+
+def _mean_all(run, xs, refs) -> float:
+    values = _per_sample(run, xs, refs)
+    return sum(values) / len(values)

@@ -265,7 +265,7 @@ def _convert(
     base = add_to_biases(baked, deltas) if deltas else baked
     live_scales = effective_scales(base, scales or {}, settings.act_scale)
     live = live_weights.make_live(
-        weight_graph, baked, model, live_scales, settings.act_scale, deltas
+        weight_graph, baked, model, live_scales, settings.act_scale, deltas, precision
     )
     return onnx_bytes, canonical_bytes(live)
 

@@ -129,7 +129,10 @@ def _target(value: Any) -> float | None:
 
 
 def _say(summary: dict, label: str) -> None:
-    moved = f"{len(summary['int16'])} tensor(s) to int16, {len(summary['float'])} to float"
+    moved = (
+        f"{len(summary['int16'])} tensor(s) to int16, "
+        f"{len(summary.get('dual_int16', ()))} to dual int16, {len(summary['float'])} to float"
+    )
     verdict = "met" if summary["met"] else "NOT met (every allowed move made)"
     print(
         f"torch_fl.bpu.calibrate: {label}: output cosine {summary['cosine_int8']:.6f} in int8 -> "
@@ -256,8 +259,13 @@ def _calibrate_partition(
     seen = session.counts[ident]
     source = f"calibrate() on {seen} sample(s) ({method})"
     if precision:
-        n16 = sum(v == "int16" for v in precision.values())
-        source += f", target {target}: {n16} int16, {len(precision) - n16} float"
+        count = {
+            level: sum(v == level for v in precision.values()) for level in set(precision.values())
+        }
+        source += f", target {target}: {count.get('int16', 0)} int16, "
+        if count.get("dual_int16"):
+            source += f"{count['dual_int16']} dual int16, "
+        source += f"{count.get('float', 0)} float"
     if bias:
         source += f", bias corrected in {len(bias)} layer(s)"
     # stacklevel 3: a poor-health warning points at the user's calibrate() call

@@ -31,7 +31,7 @@ from torch_fl import atomic
 from torch_fl.bpu.conversion.calibration import QMAX, RangeObserver, _cosine, _session
 from torch_fl.bpu.conversion.layer_check import alone_model, with_outputs
 from torch_fl.bpu.conversion.layer_select import module_paths
-from torch_fl.bpu.conversion.qdq import QMAX16, WEIGHT_OPS, quantize_model
+from torch_fl.bpu.conversion.qdq import QMAX16, WEIGHT_OPS, is_wide, quantize_model
 from torch_fl.bpu.errors import CalibrationRunError
 from torch_fl.bpu.report import WORST_LAYERS
 
@@ -159,8 +159,8 @@ def _partition_rows(index: int, part, observer: RangeObserver, feeds: list[dict]
         sat = zero = count = nonzero = 0
         scale = scales.get(act)
         if scale and act in acts and prec != "float":
-            step = scale * QMAX / QMAX16 if prec == "int16" else scale
-            top = QMAX16 if prec == "int16" else QMAX
+            step = scale * QMAX / QMAX16 if is_wide(prec) else scale
+            top = QMAX16 if is_wide(prec) else QMAX
             for v in values:
                 ratio = np.abs(np.asarray(v[act], np.float32)) / step
                 count += ratio.size

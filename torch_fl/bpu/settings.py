@@ -376,12 +376,20 @@ class BpuSettings:
         "node_info. Weights stay int8.",
         "FLAGOS_BPU_INT16",
     )
+    dual_int16: tuple = _option(
+        (),
+        _patterns,
+        "a list of module globs / op types",
+        "Layers whose input activations and weights are int16 (HMCT's dual int16: Conv, Gemm, "
+        "MatMul), named as for `int16`; wins over `int16`.",
+        "FLAGOS_BPU_DUAL_INT16",
+    )
     float: tuple = _option(
         (),
         _patterns,
         "a list of module globs / op types",
         "Layers that run in float (on the CPU: hbdk4 lowers an op without Q/DQ there), inputs and "
-        "weights: TensorRT's torch_executed_ops. Wins over `int16`.",
+        "weights: TensorRT's torch_executed_ops. Wins over `int16` and `dual_int16`.",
         "FLAGOS_BPU_FLOAT",
     )
 

@@ -23,7 +23,8 @@ from torch_fl.bpu.conversion.thresholds import Reservoir, threshold
 from torch_fl.bpu.errors import CalibrationError
 
 FORMAT_VERSION = 1
-HEALTH_SAMPLES = 8  # calibration samples kept per partition to measure int8 against float
+HEALTH_SAMPLES = 16  # calibration samples kept per partition to measure int8 against float
+HEALTH_BYTES = 256 << 20  # ... and at most this many bytes of them (big batches keep fewer)
 HEALTH_COSINE = 0.99  # below this output cosine vs float, calibration warns
 RESERVOIR = 1 << 18  # |x| values kept per tensor for the percentile / kl / mse / auto methods
 
@@ -172,13 +173,27 @@ class RangeObserver:
         self.chosen: dict[str, str] = {}
         """Per tensor, the method that set its scale (`auto` picks per tensor)."""
         self.model = model
-        # the partition inputs of the first samples, kept to measure the int8 graph against the
-        # float one once the scales are known (`health`)
+        # partition inputs of up to HEALTH_SAMPLES samples, a uniform choice over the whole
+        # stream (reservoir sampling: the target ladder, health, bias correction and the layer
+        # report judge every part of it, not its first samples), kept to measure the int8 graph
+        # against the float one once the scales are known
         self.kept_inputs: list[list[np.ndarray]] = []
+        self.seen = 0
+        self._pick = np.random.default_rng(0)  # deterministic: the same samples, the same choice
+
+    def _keep(self, inputs: Sequence[np.ndarray]) -> None:
+        size = sum(int(np.asarray(a).nbytes) for a in inputs)
+        capacity = max(1, min(HEALTH_SAMPLES, HEALTH_BYTES // max(size, 1)))
+        self.seen += 1
+        if len(self.kept_inputs) < capacity:
+            self.kept_inputs.append([np.array(a, copy=True) for a in inputs])
+            return
+        slot = int(self._pick.integers(0, self.seen))
+        if slot < capacity:
+            self.kept_inputs[slot] = [np.array(a, copy=True) for a in inputs]
 
     def observe(self, inputs: Sequence[np.ndarray]) -> None:
-        if len(self.kept_inputs) < HEALTH_SAMPLES:
-            self.kept_inputs.append([np.array(a, copy=True) for a in inputs])
+        self._keep(inputs)
         feed = dict(zip(self.input_names, inputs, strict=False))
         values = self.session.run(self.names, feed) if self.names else []
         for name, value in zip(self.names, values, strict=False):

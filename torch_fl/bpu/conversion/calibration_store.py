@@ -35,6 +35,7 @@ from typing import Any
 import torch
 
 from torch_fl import atomic
+from torch_fl.targets import PRECISIONS
 
 FORMAT_VERSION = 1
 FIRST_CALL = "first call"
@@ -93,9 +94,7 @@ class Record:
             clean[name] = number
         names = tuple(str(n) for n in data["names"])
         precision = data.get("precision") or {}
-        if not isinstance(precision, dict) or any(
-            v not in ("int8", "int16", "float") for v in precision.values()
-        ):
+        if not isinstance(precision, dict) or any(v not in PRECISIONS for v in precision.values()):
             raise ValueError("bad precision")
         return cls(
             clean, names, str(data["source"]), int(data["samples"]), str(data["method"]),

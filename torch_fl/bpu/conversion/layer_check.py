@@ -111,7 +111,9 @@ def int16_shortfalls(
             continue
         module = paths.get(node.name or node.output[0]) or node.name or node.output[0]
         now = final.get(act, "int8")
-        outcome = "moved to float" if now == "float" else "still below target"
+        outcome = {"float": "moved to float", "dual_int16": "moved to dual int16"}.get(
+            now, "still below target"
+        )
         rows.append({
             "module": module, "op": node.op_type, "tensor": act, "cosine": round(cos, 6),
             "precision": now,

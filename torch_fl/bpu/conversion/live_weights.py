@@ -10,8 +10,9 @@ buffers) named after their placeholders. From that export:
 - `make_live` turns the *quantized* baked graph back into one that reads the weights as inputs on
   every call: the weight-only nodes are put back, and each weight the Q/DQ pass turned into an
   int8 initializer is quantized in the graph instead, with the same arithmetic (per-channel
-  `max|w|/127`, round half to even, within [-127, 127]; int32 biases at activation scale x
-  weight scale, computed in float64 and clipped, never wrapped). The DequantizeLinear nodes the Q/DQ pass wrote stay; only
+  `max|w|/127`, raised per channel where the live bias needs it to fit int32 (`qdq.bias_floor`),
+  round half to even, within [-127, 127]; int32 biases at activation scale x weight scale,
+  computed in float64 and clipped, never wrapped). The DequantizeLinear nodes the Q/DQ pass wrote stay; only
   their int8 input and scale are now computed. A host executor running this graph can never run
   stale weights, and its int8 tensors are still explicit for integer kernels.
 
@@ -29,10 +30,11 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from torch_fl.bpu.conversion.export import attribute
-from torch_fl.bpu.conversion.qdq import BIAS_QMAX, QUANTIZED_WEIGHT_OPS
+from torch_fl.bpu.conversion.qdq import BIAS_QMAX, QUANTIZED_WEIGHT_OPS, input_scale
 from torch_fl.bpu.errors import QuantizationError
 
 QMAX = 127.0
+QMAX16 = 32767.0
 # QUANTIZED_WEIGHT_OPS (op -> weight slot, bias slot) is the Q/DQ pass's own table, so the slots
 # rewired here are always the ones it quantized
 
@@ -152,18 +154,37 @@ class _Builder:
         self.nodes.append(helper.make_node(op_type, list(inputs), [out], out, **attrs))
         return out
 
-    def weight(self, name: str, ndim: int, axis: int | None) -> tuple[str, str]:
-        """(int8 weight, scale) of the float tensor `name`, as the Q/DQ pass computes them."""
+    def weight(
+        self,
+        name: str,
+        ndim: int,
+        axis: int | None,
+        floor: tuple[str, float] | None = None,
+        wide: bool = False,
+    ) -> tuple[str, str]:
+        """(int8 or int16 weight, scale) of the float tensor `name`, as the Q/DQ pass computes them;
+        `floor` = (bias tensor, input scale): each channel's scale at least the one at which the
+        int32 bias holds that bias (`qdq.bias_floor`, in the graph: the bias is live too); `wide`:
+        int16 per channel (max|w|/32767), the weights of a dual-int16 layer."""
+        qmax = QMAX16 if wide else QMAX
         axes = [i for i in range(ndim) if i != axis] if axis is not None else list(range(ndim))
         amax = self.op("ReduceMax", [self.op("Abs", [name])], axes=axes, keepdims=1)
-        raw = self.op("Div", [amax, self.const(QMAX, np.float32)])
+        raw = self.op("Div", [amax, self.const(qmax, np.float32)])
         positive = self.op("Greater", [raw, self.const(0.0, np.float32)])
         # an all-zero channel would divide by zero; any scale represents zeros exactly
         scale = self.op("Where", [positive, raw, self.const(1.0, np.float32)])
+        if floor is not None and axis is not None:
+            bias, act_scale = floor
+            magnitude = self.op("Abs", [self.op("Cast", [bias], to=TensorProto.DOUBLE)])
+            need = self.op("Div", [magnitude, self.const(act_scale * BIAS_QMAX, np.float64)])
+            need = self.op("Mul", [need, self.const(1 + 2**-20, np.float64)])
+            shape = self.const([-1 if i == axis else 1 for i in range(ndim)], np.int64)
+            need = self.op("Reshape", [self.op("Cast", [need], to=TensorProto.FLOAT), shape])
+            scale = self.op("Max", [scale, need])
         rounded = self.op("Round", [self.op("Div", [name, scale])])
         # No Clip to [-127, 127]: |w| <= max|w| and scale >= (max|w|/127)(1 - 2**-24), so
         # |w / scale| < 127.5 and rounds to at most 127 (saves a pass over every weight).
-        q = self.op("Cast", [rounded], to=TensorProto.INT8)
+        q = self.op("Cast", [rounded], to=TensorProto.INT16 if wide else TensorProto.INT8)
         flat = self.const([-1] if axis is not None else [], np.int64)
         return q, self.op("Reshape", [scale, flat])
 
@@ -187,8 +208,8 @@ class _Builder:
                 self.op("Cast", [scale], to=TensorProto.DOUBLE),
             ],
         )
-        # Clipped like the Q/DQ pass's bias, never wrapped: the activation scale was made
-        # bias-safe for the weights at build time, and live weights may since have grown.
+        # Clipped like the Q/DQ pass's bias, never wrapped (the weight scale's bias floor makes
+        # the clip a no-op; kept as the guarantee).
         bounds = [self.const(-BIAS_QMAX, np.float64), self.const(BIAS_QMAX, np.float64)]
         clipped = self.op("Clip", [self.op("Round", [ratio]), *bounds])
         q = self.op("Cast", [clipped], to=TensorProto.INT32)
@@ -202,9 +223,10 @@ def make_live(
     act_scales: Mapping[str, float],
     default_scale: float,
     bias_delta: Mapping[str, np.ndarray] | None = None,
+    precision: Mapping[str, str] | None = None,
 ) -> onnx.ModelProto:
-    """`quantized` (the Q/DQ pass applied to `baked`) reading its weights as inputs; a bias
-    named in `bias_delta` (bias correction) is quantized as live bias + delta."""
+    """`quantized` (the Q/DQ pass applied to `baked`, with `precision`) reading its weights as
+    inputs; a bias named in `bias_delta` (bias correction) is quantized as live bias + delta."""
     live = onnx.ModelProto()
     live.CopyFrom(quantized)
     graph = live.graph
@@ -235,17 +257,18 @@ def make_live(
         axis = attribute(dq, "axis") if len(dq.input) > 1 else None
         if weight not in ranks:
             raise QuantizationError(f"no shape recorded for weight tensor {weight!r}")
-        q, scale = build.weight(weight, ranks[weight], axis)
-        dq.input[0], dq.input[1] = q, scale
-        if b_slot is None or len(old.input) <= b_slot or old.input[b_slot] not in frontier:
+        bias = old.input[b_slot] if b_slot is not None and len(old.input) > b_slot else None
+        bdq = producer.get(new.input[b_slot]) if bias is not None else None
+        wide = (precision or {}).get(old.input[0]) == "dual_int16"
+        if bias not in frontier or bdq is None or new.input[b_slot] == bias:
+            q, scale = build.weight(weight, ranks[weight], axis, wide=wide)
+            dq.input[0], dq.input[1] = q, scale
             continue
-        bias = old.input[b_slot]
-        bdq = producer.get(new.input[b_slot])
-        if bdq is None or new.input[b_slot] == bias:
-            continue
-        act_scale = float(act_scales.get(old.input[0], default_scale))
+        act_scale = input_scale(old.input[0], act_scales, default_scale, precision)
         if bias_delta and bias in bias_delta:
             bias = build.plus(bias, bias_delta[bias])
+        q, scale = build.weight(weight, ranks[weight], axis, (bias, act_scale), wide)
+        dq.input[0], dq.input[1] = q, scale
         qb, bscale = build.bias(bias, scale, act_scale)
         bdq.input[0], bdq.input[1] = qb, bscale
     nodes = [*wg.weight_nodes, *build.nodes, *graph.node]

@@ -4,7 +4,9 @@ A float conv compiles but hbdk4 lowers it to the CPU, so Q/DQ is what moves work
 Scheme (symmetric, signed int8, zero point 0, as hbdk4 expects):
 - weights of Conv/Gemm/MatMul: per output channel, scale_c = max|w_c| / 127, values in
   [-127, 127]; the int8 tensor is the initializer, a DequantizeLinear with `axis` restores it;
-- biases: int32 with scale = activation scale * weight scale_c (what the BPU accumulates in);
+- biases: int32 with scale = activation scale * weight scale_c (what the BPU accumulates in); a
+  channel whose bias would leave int32 at that scale gets a larger weight scale instead
+  (`bias_floor`), never the shared activation scale;
 - activations feeding Conv/Gemm/MatMul/pooling: one Q/DQ pair per tensor, scale from calibration
   (keyed by tensor name) or the default activation scale;
 - outputs: each Conv/Gemm, and each MatMul with a constant weight, is requantized to int8 where
@@ -19,11 +21,12 @@ Scheme (symmetric, signed int8, zero point 0, as hbdk4 expects):
 A pass that leaves any of those ops without quantized inputs raises `QuantizationError`: a float
 artifact must never be shipped silently in place of an int8 one.
 
-Precision per activation tensor (`precision`: tensor -> "int8" | "int16" | "float"): an int16
+Precision per activation tensor (`precision`: tensor -> one of `targets.PRECISIONS`): an int16
 tensor gets an int16 Q/DQ pair (zero point 0, scale = the int8 threshold / 32767: the same range
-with 258x finer steps; QuantizeLinear takes int16 from opset 21, which the graph then declares),
-and a float tensor none at all (the op reading it runs in float: on the CPU, as hbdk4 lowers
-it). Which marches take int16 (and float16) activations is `marches.py`'s table.
+with 258x finer steps; QuantizeLinear takes int16 from opset 21, which the graph then declares);
+a `dual_int16` tensor too, and the Conv / Gemm / MatMul reading it gets int16 per-channel
+weights (max|w_c| / 32767); a float tensor none at all (the op reading it runs in float: on the
+CPU, as hbdk4 lowers it). Which marches take which is `torch_fl/targets.py`'s table.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from torch_fl.bpu.conversion.export import constant_names
 from torch_fl.bpu.errors import QuantizationError
+from torch_fl.targets import PRECISIONS
 
 
 class WeightSlots(NamedTuple):
@@ -60,27 +64,73 @@ QUANT_OPS = tuple(WEIGHT_OPS) + POOL_OPS
 QMAX = 127
 QMAX16 = 32767
 INT16_OPSET = 21  # the first opset whose QuantizeLinear / DequantizeLinear take int16
-PRECISIONS = ("int8", "int16", "float")
+WIDE = ("int16", "dual_int16")
+"""Precisions whose activation Q/DQ pair is int16; `dual_int16` also quantizes the weights of
+the Conv / Gemm / MatMul reading the tensor to int16 per channel (HMCT's "dual int16")."""
+
+
+def is_wide(precision: str | None) -> bool:
+    """Whether a tensor of this precision is read through an int16 Q/DQ pair."""
+    return precision in WIDE
+
+
 # Largest |int32 bias| allowed: the int32 accumulator must still hold the bias plus the sum of
 # int8 products (K x 127 x 127 < 2^30 for every K below 66k).
 BIAS_QMAX = 2**30
 
 
-def per_channel_scales(weight: np.ndarray, axis: int) -> np.ndarray:
-    """Symmetric per-channel scales: max |w| over every axis but `axis`, divided by 127."""
+def per_channel_scales(
+    weight: np.ndarray, axis: int, floor: np.ndarray | None = None, qmax: int = QMAX
+) -> np.ndarray:
+    """Symmetric per-channel scales: max |w| over every axis but `axis`, divided by `qmax` (127;
+    32767 for int16 weights), and at least `floor` per channel where one is given
+    (`bias_floor`)."""
     reduce_axes = tuple(i for i in range(weight.ndim) if i != axis)
     amax = np.abs(weight).max(axis=reduce_axes) if reduce_axes else np.abs(weight)
-    scales = amax.astype(np.float32) / np.float32(QMAX)
+    scales = amax.astype(np.float32) / np.float32(qmax)
     # An all-zero channel would divide by zero; any scale represents zeros exactly.
-    return np.where(scales > 0, scales, np.float32(1.0)).astype(np.float32)
+    scales = np.where(scales > 0, scales, np.float32(1.0)).astype(np.float32)
+    if floor is not None:
+        scales = np.maximum(scales, floor.astype(np.float32).reshape(scales.shape))
+    return scales
 
 
-def quantize_weight(weight: np.ndarray, axis: int) -> tuple[np.ndarray, np.ndarray]:
-    """int8 weight and its per-channel scales (along `axis`)."""
-    scales = per_channel_scales(weight, axis)
+def bias_floor(bias: np.ndarray, act_scale: float) -> np.ndarray:
+    """Per output channel, the smallest weight scale at which the int32 bias holds `bias`
+    (|b_c| / (act_scale x w_scale_c) <= BIAS_QMAX).
+
+    Trained networks have dead channels: BatchNorm folds a near-zero running variance into
+    weights of ~1e-8 beside an ordinary bias (EfficientNet-Lite's stem), and faded features give
+    a tiny activation scale. At max|w|/127 such a bias leaves int32. Raising the activation scale
+    instead (what this pass once did) coarsens every channel of the layer and every other reader
+    of the tensor: one dead channel collapsed the whole network's output (cosine 0.12). Raising
+    only that channel's weight scale costs nothing measurable: where the floor binds, the channel's
+    weights contribute at most K x 127 / (2 x 2^30) of its bias in rounding error."""
+    need = np.abs(bias.astype(np.float64)) / (float(act_scale) * BIAS_QMAX)
+    # float32 rounding of act x w_scale must not push |b| / scale past BIAS_QMAX
+    return (need * (1 + 2**-20)).astype(np.float32)
+
+
+def quantize_weight(
+    weight: np.ndarray, axis: int, floor: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """int8 weight and its per-channel scales (along `axis`, at least `floor`)."""
+    scales = per_channel_scales(weight, axis, floor)
     shape = [1] * weight.ndim
     shape[axis] = -1
     q = np.clip(np.rint(weight / scales.reshape(shape)), -QMAX, QMAX).astype(np.int8)
+    return q, scales
+
+
+def quantize_weight16(
+    weight: np.ndarray, axis: int, floor: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """int16 weight and its per-channel scales (max |w_c| / 32767, at least `floor`): the
+    weights of a layer whose input is `dual_int16`."""
+    scales = per_channel_scales(weight, axis, floor, QMAX16)
+    shape = [1] * weight.ndim
+    shape[axis] = -1
+    q = np.clip(np.rint(weight / scales.reshape(shape)), -QMAX16, QMAX16).astype(np.int16)
     return q, scales
 
 
@@ -138,13 +188,25 @@ def effective_scales(
     model: onnx.ModelProto, act_scales: Mapping[str, float], default_scale: float
 ) -> dict[str, float]:
     """The activation scales the Q/DQ pass uses: a MaxPool's output takes its input's scale (in
-    graph order, so chains follow), then `bias_safe_scales`. The live-weights graph quantizes its
-    biases with these too."""
+    graph order, so chains follow). The live-weights graph quantizes its biases with these too."""
     scales = {k: float(v) for k, v in act_scales.items()}
     for node in model.graph.node:
         if node.op_type == "MaxPool" and len(node.output) == 1:
             scales[node.output[0]] = scales.get(node.input[0], default_scale)
-    return bias_safe_scales(model, scales, default_scale)
+    return scales
+
+
+def input_scale(
+    name: str,
+    act_scales: Mapping[str, float],
+    default_scale: float,
+    precision: Mapping[str, str] | None,
+) -> float:
+    """The scale a quantized op's input `name` is read at: int16 steps are 258x finer."""
+    scale = float(act_scales.get(name, default_scale))
+    if is_wide((precision or {}).get(name)):
+        return scale * QMAX / QMAX16
+    return scale
 
 
 def _act_inputs(node: onnx.NodeProto, inits: set[str]) -> list[str]:
@@ -164,43 +226,6 @@ def _weight_axis(node: onnx.NodeProto, weight: np.ndarray) -> int | None:
         attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
         return 0 if attrs.get("transB", 0) else 1
     return 1  # MatMul: [K, N], output channel is the last axis
-
-
-def bias_safe_scales(
-    model: onnx.ModelProto, act_scales: Mapping[str, float], default_scale: float
-) -> dict[str, float]:
-    """`act_scales`, with the input scale of each Conv/Gemm raised where its int32 bias would
-    not fit otherwise.
-
-    The bias is quantized at activation scale x weight scale. When the input activations are
-    tiny next to the bias (a network whose features have faded, calibrated on what it sees), that
-    product is so small that bias / scale leaves int32: the value wrapped around and the output
-    silently collapsed to a constant. Raising the input scale to
-    max_c |b_c| / (w_scale_c x BIAS_QMAX) keeps the bias exact; the activations it coarsens are,
-    by construction, negligible next to the bias.
-    """
-    scales = {k: float(v) for k, v in act_scales.items()}
-    inits = {i.name: i for i in model.graph.initializer}
-    for node in model.graph.node:
-        slots = QUANTIZED_WEIGHT_OPS.get(node.op_type)
-        if slots is None or slots.bias is None or len(node.input) <= slots.bias:
-            continue
-        wname, bname, act = node.input[slots.weight], node.input[slots.bias], node.input[0]
-        if wname not in inits or bname not in inits or act in inits:
-            continue
-        weight = numpy_helper.to_array(inits[wname]).astype(np.float32)
-        axis = _weight_axis(node, weight)
-        if axis is None:
-            continue
-        w_scales = per_channel_scales(weight, axis).astype(np.float64)
-        bias = np.abs(numpy_helper.to_array(inits[bname]).astype(np.float64))
-        if bias.shape != w_scales.shape:
-            continue
-        needed = float(np.max(bias / (w_scales * BIAS_QMAX), initial=0.0))
-        current = scales.get(act, default_scale)
-        if needed > current:
-            scales[act] = float(np.float32(needed * (1 + 1e-6)))
-    return scales
 
 
 class _QdqGraph:
@@ -243,7 +268,7 @@ class _QdqGraph:
         scale = float(self.act_scales.get(name, self.default_scale))
         if not scale > 0 or not np.isfinite(scale):
             raise QuantizationError(f"activation scale for {name!r} is {scale}; need > 0")
-        wide = self.precision.get(name) == "int16"
+        wide = is_wide(self.precision.get(name))
         self.scalar(f"{name}_scale", scale * QMAX / QMAX16 if wide else scale, np.float32)
         self.scalar(f"{name}_zero_point", 0, np.int16 if wide else np.int8)
         q = f"{name}_quantized"
@@ -271,8 +296,13 @@ class _QdqGraph:
                 node.output[i] = f"{name}_float"
                 self._pair(name, node.output[i], name)
 
-    def weight_dq(self, node: onnx.NodeProto, wname: str) -> tuple[str, np.ndarray]:
-        """Int8 per-channel (or per-tensor) copy of weight `wname`: (dequantized name, scales)."""
+    def weight_dq(
+        self, node: onnx.NodeProto, wname: str, bname: str | None = None
+    ) -> tuple[str, np.ndarray]:
+        """Int8 per-channel (or per-tensor) copy of weight `wname` (int16 per channel where the
+        op's input is `dual_int16`): (dequantized name, scales); with the constant bias `bname`
+        beside it, each channel's scale is raised where the int32 bias would not hold that bias
+        (`bias_floor`)."""
         weight = numpy_helper.to_array(self.inits[wname]).astype(np.float32)
         axis = _weight_axis(node, weight)
         if axis is None:
@@ -280,11 +310,20 @@ class _QdqGraph:
             qw, scales = quantize_weight(q, 0)
             qw, scales = qw.reshape(weight.shape), scales.reshape(())
         else:
-            qw, scales = quantize_weight(weight, axis)
+            floor = None
+            if bname is not None:
+                bias = numpy_helper.to_array(self.inits[bname])
+                if bias.shape == (weight.shape[axis],):
+                    act = input_scale(
+                        node.input[0], self.act_scales, self.default_scale, self.precision
+                    )
+                    floor = bias_floor(bias, act)
+            dual = self.precision.get(node.input[0]) == "dual_int16"
+            qw, scales = (quantize_weight16 if dual else quantize_weight)(weight, axis, floor)
         base = f"{node.name or wname}_{wname}"
         self.new_inits.append(numpy_helper.from_array(qw, f"{base}_quantized"))
         self.scalar(f"{base}_scale", scales, np.float32)
-        self.scalar(f"{base}_zero_point", np.zeros(scales.shape, np.int8), np.int8)
+        self.scalar(f"{base}_zero_point", np.zeros(scales.shape, qw.dtype), qw.dtype)
         dq_args = [f"{base}_quantized", f"{base}_scale", f"{base}_zero_point"]
         axis_attr = {"axis": axis} if scales.ndim else {}
         self.nodes.append(
@@ -300,14 +339,9 @@ class _QdqGraph:
         bias = numpy_helper.to_array(self.inits[bname]).astype(np.float64)
         if bias.shape != scales.shape:
             return None
-        act_scale = float(self.act_scales.get(node.input[0], self.default_scale))
-        if self.precision.get(node.input[0]) == "int16":
-            act_scale = act_scale * QMAX / QMAX16
-            fits = np.abs(bias) / (scales.astype(np.float64) * act_scale) <= BIAS_QMAX
-            if not np.all(fits):
-                return None  # kept in float: int32 cannot hold it at the finer int16 steps
+        act_scale = input_scale(node.input[0], self.act_scales, self.default_scale, self.precision)
         bscale = (scales.astype(np.float64) * act_scale).astype(np.float32)
-        # clipped, never wrapped (bias_safe_scales makes the clip a no-op)
+        # clipped, never wrapped (the weight scales' bias floor makes the clip a no-op)
         qb = np.clip(np.rint(bias / bscale), -BIAS_QMAX, BIAS_QMAX).astype(np.int32)
         bbase = f"{node.name or bname}_{bname}"
         self.new_inits.append(numpy_helper.from_array(qb, f"{bbase}_quantized"))
@@ -345,16 +379,17 @@ class _QdqGraph:
         if self.precision.get(node.input[0]) == "float":
             widx = None  # the op runs in float (on the CPU): its weights stay float too
         if widx is not None and inputs[widx] in self.inits:
-            inputs[widx], scales = self.weight_dq(node, inputs[widx])
             bidx = QUANTIZED_WEIGHT_OPS[node.op_type].bias
-            if (
+            quantized_bias = (
                 bidx is not None
                 and len(inputs) > bidx
                 and inputs[bidx] in self.inits
-                and scales.ndim == 1
                 and node.input[0] in self.dq_of
-            ):
-                inputs[bidx] = self.bias_dq(node, inputs[bidx], scales) or inputs[bidx]
+            )
+            bname = inputs[bidx] if quantized_bias else None
+            inputs[widx], scales = self.weight_dq(node, inputs[widx], bname)
+            if bname is not None and scales.ndim == 1:
+                inputs[bidx] = self.bias_dq(node, bname, scales) or bname
         elif widx is not None and node.op_type == "Conv":
             raise QuantizationError(
                 f"Conv {node.name!r}: weight {inputs[widx]!r} is not a constant, so it cannot be "
@@ -379,7 +414,7 @@ def quantize_model(
     bad = sorted({v for v in precision.values() if v not in PRECISIONS})
     if bad:
         raise QuantizationError(f"precision must be one of {PRECISIONS}, not {bad}")
-    if "int16" in precision.values():
+    if any(is_wide(v) for v in precision.values()):
         model = _at_int16_opset(model)
     act_scales = effective_scales(model, act_scales, default_scale)
     model_q = onnx.ModelProto()

@@ -319,23 +319,27 @@ class PartitionRuntime(torch.nn.Module):
     def _with_manual_precision(self, host: Sequence[torch.Tensor]) -> dict[str, str]:
         """The precision map for this build (`effective_precision` of its float graph)."""
         settings = self.settings
-        if not settings.quantize or not (settings.int16 or settings.float):
+        if not settings.quantize or not (settings.int16 or settings.dual_int16 or settings.float):
             return dict(self.precision)
         return self.effective_precision(export_float(self.spec, host))
 
     def effective_precision(self, model) -> dict[str, str]:
-        """Calibration's choice, then options={"int16": [...], "float": [...]} over it (float
-        wins), for this partition's float ONNX `model`; a pattern that names no layer of this
+        """Calibration's choice, then options={"int16": [...], "dual_int16": [...], "float":
+        [...]} over it (each wins over the one before; int16 never lowers calibration's dual
+        int16), for this partition's float ONNX `model`; a pattern that names no layer of this
         partition is said once."""
         from torch_fl.bpu.conversion.layer_select import select
 
         settings = self.settings
         precision = dict(self.precision)
-        for level, patterns in (("int16", settings.int16), ("float", settings.float)):
+        levels = (("int16", settings.int16), ("dual_int16", settings.dual_int16),
+                  ("float", settings.float))  # fmt: skip
+        for level, patterns in levels:
             if not patterns:
                 continue
             chosen, unused = select(self.spec.gm, model, patterns)
-            precision.update(dict.fromkeys(chosen, level))
+            keep = {"dual_int16"} if level == "int16" else set()
+            precision.update({t: level for t in chosen if precision.get(t) not in keep})
             for pattern in sorted(unused):
                 if stored.STORE.first_warning(f"{self.spec.fingerprint}:{level}:{pattern}"):
                     warnings.warn(
