@@ -12,6 +12,7 @@ from __future__ import annotations
 import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -67,9 +68,15 @@ def quantize_static_qdq(
     return fp32, int8
 
 
-def cpu_session(path: Path) -> Callable[[torch.Tensor], torch.Tensor]:
-    """An ORT CPU session on the model at `path`: a function of "x" returning the first output."""
+def cpu_session(path: Path) -> Callable[[torch.Tensor], Any]:
+    """An ORT CPU session on the model at `path`: a function of "x" returning its output (a
+    tuple of them where the model has several)."""
     from onnxruntime import InferenceSession
 
     session = InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    return lambda x: torch.from_numpy(session.run(None, {INPUT: x.numpy()})[0])
+
+    def run(x: torch.Tensor):
+        outputs = [torch.from_numpy(o) for o in session.run(None, {INPUT: x.numpy()})]
+        return outputs[0] if len(outputs) == 1 else tuple(outputs)
+
+    return run

@@ -139,8 +139,11 @@ def _say(summary: dict, label: str) -> None:
         f"{summary['cosine']:.6f} with {moved}; target {summary['target']} {verdict}",
         flush=True,
     )
+    paths = summary.get("layers", {})
     for step in summary["steps"]:
-        print(f"  {step['to']}: {', '.join(step['tensors'])} -> cosine {step['cosine_after']:.6f}")
+        # the layers reading each moved tensor, by module path (ONNX names where none reads it)
+        named = ", ".join(dict.fromkeys(paths.get(t, t) for t in step["tensors"]))
+        print(f"  {step['to']}: {named} -> cosine {step['cosine_after']:.6f}")
     for short in summary.get("int16_short", ()):
         print(f"  {short['message']}", flush=True)
 
@@ -206,6 +209,24 @@ def _int16_short(
     )  # fmt: skip
 
 
+def _reader_paths(part: runtime.PartitionRuntime, observer: RangeObserver) -> dict[str, str]:
+    """Activation tensor -> the module path(s) of the Conv / Gemm / MatMul reading it, else
+    "<path> output" of the one writing it (what calibrate() prints instead of ONNX tensor
+    names), "a, b" where several read it."""
+    from torch_fl.bpu.conversion.layer_select import module_paths, weight_ops
+
+    paths = module_paths(part.spec.gm, observer.model)
+    readers: dict[str, list[str]] = {}
+    writers: dict[str, str] = {}
+    for node in weight_ops(observer.model):
+        path = paths.get(node.name or node.output[0])
+        if path:
+            readers.setdefault(node.input[0], []).append(path)
+            writers[node.output[0]] = f"{path} output"
+    named = {t: ", ".join(dict.fromkeys(p)) for t, p in readers.items()}
+    return {**writers, **named}
+
+
 def _corrected_biases(
     part: runtime.PartitionRuntime,
     observer: RangeObserver,
@@ -251,6 +272,7 @@ def _calibrate_partition(
 
         precision, summary = promote(observer, scales, settings.act_scale, target, settings.march)
         summary["partition"] = part.spec.index
+        summary["layers"] = _reader_paths(part, observer)
         short = summary["int16_short"] = _int16_short(part, observer, scales, precision, summary)
         result.changes.append(summary)
         _say(summary, label)
