@@ -287,3 +287,31 @@ def test_the_same_samples_again_keep_the_targets_precision(capsys) -> None:
     assert "output cosine" not in capsys.readouterr().out  # from the store: no ladder again
     (fingerprint,) = cal.precision
     assert cal.precision[fingerprint] and again.precision == cal.precision
+
+
+def test_manual_dual_int16_makes_the_layer_weights_int16_too() -> None:
+    """options dual_int16: the layer's input pair and its weights are int16 (HMCT's dual int16),
+    in the baked graph and the live-weights one alike; a bad value is refused naming the option."""
+    _, compiled = _calibrated({"dual_int16": ["b"]})
+    with report.ran() as reps, torch.no_grad():
+        compiled(_samples(1, 9)[0])
+    part = reps[0].runtimes[0]
+    for raw in (part.last_build.onnx_bytes, part.last_build.live_bytes):
+        graph = onnx.load_from_string(raw).graph
+        by_name = {i.name: i for i in graph.initializer}
+        convs = [n for n in graph.node if n.op_type == "Conv"]
+        producers = {o: n for n in graph.node for o in n.output}
+        weight_dq = producers[convs[1].input[1]]
+        assert weight_dq.op_type == "DequantizeLinear"
+        if weight_dq.input[0] in by_name:  # baked: the int16 initializer itself
+            assert by_name[weight_dq.input[0]].data_type == onnx.TensorProto.INT16
+        else:  # live: quantized in the graph, cast to int16
+            cast = producers[weight_dq.input[0]]
+            assert cast.op_type == "Cast"
+            assert {a.name: a.i for a in cast.attribute}["to"] == onnx.TensorProto.INT16
+        first = producers[convs[0].input[1]]  # layer a keeps int8 weights
+        assert first.input[0] not in by_name or by_name[first.input[0]].data_type == 3
+    rows = bpu.layer_report(compiled, _samples(2, 4)).rows
+    assert [r.precision for r in rows] == ["int8", "dual_int16", "int8"]
+    with pytest.raises(bpu.SettingsError, match="dual_int16"):
+        compile_bpu(Outlier().eval(), executor="sim", dual_int16=[3])(_samples(1, 1)[0])
