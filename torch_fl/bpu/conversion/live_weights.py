@@ -30,11 +30,10 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from torch_fl.bpu.conversion.export import attribute
-from torch_fl.bpu.conversion.qdq import BIAS_QMAX, QUANTIZED_WEIGHT_OPS, input_scale
+from torch_fl.bpu.conversion.qdq import BIAS_QMAX, QMAX16, QUANTIZED_WEIGHT_OPS, input_scale
 from torch_fl.bpu.errors import QuantizationError
 
 QMAX = 127.0
-QMAX16 = 32767.0
 # QUANTIZED_WEIGHT_OPS (op -> weight slot, bias slot) is the Q/DQ pass's own table, so the slots
 # rewired here are always the ones it quantized
 
@@ -166,7 +165,7 @@ class _Builder:
         `floor` = (bias tensor, input scale): each channel's scale at least the one at which the
         int32 bias holds that bias (`qdq.bias_floor`, in the graph: the bias is live too); `wide`:
         int16 per channel (max|w|/32767), the weights of a dual-int16 layer."""
-        qmax = QMAX16 if wide else QMAX
+        qmax = float(QMAX16) if wide else QMAX
         axes = [i for i in range(ndim) if i != axis] if axis is not None else list(range(ndim))
         amax = self.op("ReduceMax", [self.op("Abs", [name])], axes=axes, keepdims=1)
         raw = self.op("Div", [amax, self.const(qmax, np.float32)])

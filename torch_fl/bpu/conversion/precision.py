@@ -54,8 +54,9 @@ def _ladder(meter: _Meter, base: dict[str, str], level: str, candidates: list[st
     `target`; then trim the batch that crossed it to its shortest prefix that still does.
 
     Every candidate stays in the order, not only those whose move alone helps: where the error
-    is spread over many layers (EfficientNet-Lite0: 140 ops, each alone worth < 1e-4) no single
-    move shows a gain above the noise, yet moving them together does."""
+    is spread over many layers, single moves show gains at the noise level (or below it), yet
+    moving them together helps; an earlier version that kept only positive gains stopped
+    EfficientNet-Lite0 at 0.9957, NOT met."""
     gains = {t: meter.cosine({**base, t: level}) - start for t in candidates}
     order = sorted(candidates, key=lambda t: -gains[t])
     chosen, current, batch = dict(base), start, 1

@@ -112,25 +112,15 @@ def bias_floor(bias: np.ndarray, act_scale: float) -> np.ndarray:
 
 
 def quantize_weight(
-    weight: np.ndarray, axis: int, floor: np.ndarray | None = None
+    weight: np.ndarray, axis: int, floor: np.ndarray | None = None, wide: bool = False
 ) -> tuple[np.ndarray, np.ndarray]:
-    """int8 weight and its per-channel scales (along `axis`, at least `floor`)."""
-    scales = per_channel_scales(weight, axis, floor)
+    """int8 weight and its per-channel scales (along `axis`, at least `floor`); `wide`: int16
+    (max |w_c| / 32767), the weights of a layer whose input is `dual_int16`."""
+    qmax, dtype = (QMAX16, np.int16) if wide else (QMAX, np.int8)
+    scales = per_channel_scales(weight, axis, floor, qmax)
     shape = [1] * weight.ndim
     shape[axis] = -1
-    q = np.clip(np.rint(weight / scales.reshape(shape)), -QMAX, QMAX).astype(np.int8)
-    return q, scales
-
-
-def quantize_weight16(
-    weight: np.ndarray, axis: int, floor: np.ndarray | None = None
-) -> tuple[np.ndarray, np.ndarray]:
-    """int16 weight and its per-channel scales (max |w_c| / 32767, at least `floor`): the
-    weights of a layer whose input is `dual_int16`."""
-    scales = per_channel_scales(weight, axis, floor, QMAX16)
-    shape = [1] * weight.ndim
-    shape[axis] = -1
-    q = np.clip(np.rint(weight / scales.reshape(shape)), -QMAX16, QMAX16).astype(np.int16)
+    q = np.clip(np.rint(weight / scales.reshape(shape)), -qmax, qmax).astype(dtype)
     return q, scales
 
 
@@ -319,7 +309,7 @@ class _QdqGraph:
                     )
                     floor = bias_floor(bias, act)
             dual = self.precision.get(node.input[0]) == "dual_int16"
-            qw, scales = (quantize_weight16 if dual else quantize_weight)(weight, axis, floor)
+            qw, scales = quantize_weight(weight, axis, floor, wide=dual)
         base = f"{node.name or wname}_{wname}"
         self.new_inits.append(numpy_helper.from_array(qw, f"{base}_quantized"))
         self.scalar(f"{base}_scale", scales, np.float32)
