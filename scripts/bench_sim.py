@@ -66,13 +66,22 @@ def build(name: str, batch: int) -> tuple[torch.nn.Module, torch.Tensor]:
     return model, x.repeat(batch, *([1] * (x.dim() - 1)))
 
 
-def _medians(fns: dict[str, Callable], iters: int) -> dict[str, float]:
+SETTLE_S = 0.02
+"""Pause before each timed call with more than one thread: ONNX Runtime's pool and torch's OpenMP
+threads spin-wait after a run (up to milliseconds), and a variant timed while the previous one's
+threads still spin shares the cores with them (measured here: eager MobileNetV3 at 2 threads
+took 64 ms right after the ORT sessions, 8 ms alone)."""
+
+
+def _medians(fns: dict[str, Callable], iters: int, settle: float = 0.0) -> dict[str, float]:
     for fn in fns.values():
         fn()
         fn()
     times: dict[str, list[float]] = {k: [] for k in fns}
     for _ in range(iters):
         for key, fn in fns.items():
+            if settle:
+                time.sleep(settle)
             start = time.perf_counter()
             fn()
             times[key].append((time.perf_counter() - start) * 1e3)
@@ -224,7 +233,7 @@ def measure(name: str, batch: int, threads: list[int], iters: int, peers: dict) 
             if pt2e is not None:
                 fns["pt2e_int8"] = lambda: pt2e(x)
             with torch.no_grad():
-                lat = _medians(fns, iters)
+                lat = _medians(fns, iters, SETTLE_S if n > 1 else 0.0)
                 got = sim(x)
             cos = torch.nn.functional.cosine_similarity(
                 got.flatten().double(), ref.flatten().double(), dim=0

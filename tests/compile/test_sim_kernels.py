@@ -389,3 +389,69 @@ def test_integer_form_ort_rejects_falls_back_to_float_with_a_warning(monkeypatch
     assert partition.sim_kernels["path"] == "float"
     assert "u8u8 form rejected" in partition.sim_kernels["reason"]
     assert F.cosine_similarity(out.flatten(), ref.flatten(), 0) > 0.98
+
+
+def _erf_gelu_graph(order: str, extra_reader: bool = False) -> onnx.ModelProto:
+    """Q -> DQ -> the exporter's erf GELU -> Q -> DQ, in one of its two Mul orders
+    ("x_last": (x * (1 + erf)) * 0.5, "half_first": (0.5 * x) * (1 + erf)); with
+    `extra_reader` the Erf's result is also a graph output (the chain must stay)."""
+    consts = {"s": 0.05, "sqrt2": float(np.sqrt(2.0)), "one": 1.0, "half": 0.5, "so": 0.04}
+    inits = [numpy_helper.from_array(np.array(v, np.float32), k) for k, v in consts.items()]
+    inits.append(numpy_helper.from_array(np.array(0, np.int8), "z"))
+    nodes = [
+        helper.make_node("QuantizeLinear", ["x", "s", "z"], ["xq"]),
+        helper.make_node("DequantizeLinear", ["xq", "s", "z"], ["xd"]),
+        helper.make_node("Div", ["xd", "sqrt2"], ["t"]),
+        helper.make_node("Erf", ["t"], ["e"]),
+        helper.make_node("Add", ["one", "e"], ["a"]),
+    ]
+    if order == "x_last":
+        nodes += [
+            helper.make_node("Mul", ["a", "xd"], ["m"]),
+            helper.make_node("Mul", ["m", "half"], ["g"]),
+        ]
+    else:
+        nodes += [
+            helper.make_node("Mul", ["half", "xd"], ["h"]),
+            helper.make_node("Mul", ["h", "a"], ["g"]),
+        ]
+    nodes += [
+        helper.make_node("QuantizeLinear", ["g", "so", "z"], ["gq"]),
+        helper.make_node("DequantizeLinear", ["gq", "so", "z"], ["out"]),
+    ]
+    outputs = [helper.make_tensor_value_info("out", onnx.TensorProto.FLOAT, None)]
+    if extra_reader:
+        outputs.append(helper.make_tensor_value_info("e", onnx.TensorProto.FLOAT, None))
+    graph = helper.make_graph(
+        nodes,
+        "gelu",
+        [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [4, 512])],
+        outputs,
+        inits,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+    model.ir_version = 10
+    return model
+
+
+@pytest.mark.parametrize("order", ("x_last", "half_first"))
+@pytest.mark.parametrize("path", ("u8s8", "u8u8", "mixed"))
+def test_erf_gelu_becomes_one_gelu_with_the_same_values(order, path):
+    reference = _erf_gelu_graph(order)
+    fast = to_integer_form(reference, path)
+    ops = [n.op_type for n in fast.graph.node]
+    assert ops.count("Gelu") == 1 and not {"Erf", "Div", "Mul", "Add"} & set(ops), ops
+    feed = {"x": np.random.default_rng(3).uniform(-6.4, 6.3, (4, 512)).astype(np.float32)}
+    (want,) = _session(reference, False).run(None, feed)
+    for fused in (False, True):
+        (got,) = _session(fast, fused).run(None, feed)
+        steps = np.abs(np.rint(got / 0.04) - np.rint(want / 0.04))
+        # the same function: an output differs, if at all, by a float rounding at a step edge
+        assert steps.max() <= 1 and (steps > 0).mean() < 0.01
+
+
+def test_erf_gelu_whose_intermediate_is_read_elsewhere_is_kept():
+    reference = _erf_gelu_graph("x_last", extra_reader=True)
+    fast = to_integer_form(reference, "u8s8")
+    ops = [n.op_type for n in fast.graph.node]
+    assert "Gelu" not in ops and "Erf" in ops
