@@ -14,7 +14,11 @@ the whole compiled call (Dynamo guards, AOT wrapper); the check alone is timed s
 counts what ORT runs: fused integer nodes vs float Q/DQ nodes left, after ORT's optimizer.
 
   python scripts/bench_sim.py [--models resnet18,mobilenetv3] [--batches 1,8] [--threads 1,all]
-                              [--iters 10] [--no-inductor] [--no-pt2e] [--json out/bench_sim.json]
+                              [--iters 10] [--no-inductor] [--no-pt2e] [--calib-samples 32]
+                              [--json out/bench_sim.json]
+
+Then calibrate() of ResNet-18 on 32 samples (1 thread) against 32 eager fp32 forwards on the same
+samples; target: at most 2x.
 """
 
 from __future__ import annotations
@@ -43,6 +47,7 @@ from scripts import plots  # noqa: E402
 from tests.support import ort  # noqa: E402
 from tests.support.pt2e import quantize as pt2e_quantize  # noqa: E402
 from torch_fl.bpu import report  # noqa: E402
+from torch_fl.bpu.conversion import calibration_store  # noqa: E402
 
 MODELS = ("resnet18", "mobilenetv3", "vit", "transformer_encoder")
 TARGETS = {"sim_vs_ort_int8": "ort_int8", "sim_vs_ort_fp32": "ort_fp32"}
@@ -256,6 +261,46 @@ def measure(name: str, batch: int, threads: list[int], iters: int, peers: dict) 
     return rows
 
 
+CALIBRATION_RATIO = 2.0  # calibrate() on N samples against N fp32 forward passes, at most
+
+
+def calibration_time(name: str, samples: int, threads: int) -> dict:
+    """`bpu.calibrate(compiled, samples)` against as many eager fp32 forwards, same samples,
+    compiled first (the compile is not calibration's cost), medians of 3 alternated runs each."""
+    torch.set_num_threads(threads)
+    model, x = build(name, 1)
+    generator = torch.Generator().manual_seed(2)
+    batch = [torch.randn(x.shape, generator=generator) for _ in range(samples)]
+    torch._dynamo.reset()
+    options = {"executor": "sim", "sim_threads": threads, "cache": False}
+    compiled = torch.compile(model, backend="bpu", options=options)
+    with torch.no_grad():
+        compiled(x)
+    fwd, cal = [], []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for _ in range(3):
+            start = time.perf_counter()
+            with torch.no_grad():
+                for sample in batch:
+                    model(sample)
+            fwd.append(time.perf_counter() - start)
+            calibration_store.STORE.clear_memory()  # each run calibrates afresh, not a replay
+            start = time.perf_counter()
+            bpu.calibrate(compiled, batch)
+            cal.append(time.perf_counter() - start)
+    ratio = statistics.median(cal) / statistics.median(fwd)
+    return {
+        "model": name,
+        "samples": samples,
+        "threads": threads,
+        "forwards_s": round(statistics.median(fwd), 3),
+        "calibrate_s": round(statistics.median(cal), 3),
+        "ratio": round(ratio, 2),
+        "target": ratio <= CALIBRATION_RATIO,
+    }
+
+
 COLUMNS = ("eager", "inductor", "ort_fp32", "ort_int8", "pt2e_int8", "sim")
 
 
@@ -332,6 +377,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-inductor", action="store_true")
     parser.add_argument("--no-pt2e", action="store_true")
     parser.add_argument("--json", default="out/bench_sim.json")
+    parser.add_argument(
+        "--calib-samples", type=int, default=32,
+        help="time calibrate() of ResNet-18 on this many samples (0: skip)",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     models = [m.strip() for m in args.models.split(",") if m.strip()]
     unknown = sorted(set(models) - set(MODELS))
@@ -341,6 +390,8 @@ def main(argv: list[str] | None = None) -> int:
         )
     if args.iters < 1:
         parser.error("--iters must be at least 1")
+    if args.calib_samples < 0:
+        parser.error("--calib-samples must be 0 (skip) or more")
     batches, threads = _ints(args.batches, "--batches"), _ints(args.threads, "--threads")
     peers = {"inductor": not args.no_inductor, "pt2e": not args.no_pt2e}
     from torch_fl.bpu.runtime.sim_kernels import choose
@@ -355,10 +406,19 @@ def main(argv: list[str] | None = None) -> int:
     print(_breakdown_table(rows))
     met = sum(all(r["targets"].values()) for r in rows)
     print(f"targets (sim >= ONNX Runtime int8 and fp32): {met}/{len(rows)} rows met")
+    calib = None
+    if args.calib_samples:
+        calib = calibration_time("resnet18", args.calib_samples, 1)
+        print(
+            f"calibrate ResNet-18 on {calib['samples']} samples: {calib['calibrate_s']:.2f} s vs "
+            f"{calib['forwards_s']:.2f} s for as many fp32 forwards = {calib['ratio']:.2f}x "
+            f"(target <= {CALIBRATION_RATIO:.0f}x: {'met' if calib['target'] else 'missed'})"
+        )
     if args.json:
         out = Path(args.json)
         out.parent.mkdir(parents=True, exist_ok=True)
-        doc = {"cpu_kernels": vars(kernels), "cpus": os.cpu_count(), "rows": rows}
+        doc = {"cpu_kernels": vars(kernels), "cpus": os.cpu_count(), "rows": rows,
+               "calibration": calib}  # fmt: skip
         tmp = out.with_suffix(".tmp")
         tmp.write_text(json.dumps(doc, indent=1), encoding="utf-8")
         os.replace(tmp, out)

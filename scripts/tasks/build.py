@@ -74,7 +74,8 @@ def bench(c: Context, json: str | None = None, quick: bool = False) -> None:
         ("bench_zoo.py", " --scale test --iters 3 --models resnet18 --no-inductor"
          " --json out/quick/bench_zoo.json" if quick else ""),
         ("bench_sim.py", " --models transformer_encoder --batches 1 --threads 1"
-         " --iters 3 --no-inductor --no-pt2e --json out/quick/bench_sim.json" if quick
+         " --iters 3 --no-inductor --no-pt2e --calib-samples 4 --json out/quick/bench_sim.json"
+         if quick
          else " --json out/bench_sim.json"),
         ("bench_public_zoo.py", None if quick else " --json out/bench_public_zoo.json"),
         ("bench_trained.py", None if quick else " --json out/bench_trained.json"),

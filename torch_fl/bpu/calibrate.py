@@ -19,7 +19,7 @@ from torch_fl.bpu.conversion.calibration import Calibration, RangeObserver
 from torch_fl.bpu.errors import CalibrationError, CalibrationRunError
 from torch_fl.bpu.runtime import partition as runtime
 from torch_fl.bpu.settings import parse_option
-from torch_fl.host_view import cpu_views
+from torch_fl.host_view import cpu_views, device_of, to_device
 
 
 class _Session:
@@ -32,16 +32,22 @@ class _Session:
         self.keys: dict[int, stored.Keys] = {}
         self.counts: dict[int, int] = {}
 
-    def observe(self, part: runtime.PartitionRuntime, args) -> None:
+    def observe(self, part: runtime.PartitionRuntime, args) -> tuple | None:
+        """Record one call of `part`; its float outputs (on the inputs' device), or None where
+        the partition must run itself."""
         if runtime._has_zero_size(args, part.entry.outputs):
-            return  # an empty partition runs eagerly; exporting it would divide by zero
+            return None  # an empty partition runs eagerly; exporting it would divide by zero
+        device = device_of(args)
         host = cpu_views(args)
         if id(part) not in self.observers:
             observer = part.range_observer(host, self.method, self.percentile)
             self.observers[id(part)] = (part, observer)
             self.keys[id(part)] = part.calibration_keys(host)
-        part.observe_inputs(self.observers[id(part)][1], host)
+        outs = part.observe_inputs(self.observers[id(part)][1], host)
         self.counts[id(part)] = self.counts.get(id(part), 0) + 1
+        if outs is None or device is None:
+            return outs
+        return tuple(to_device(o, device) for o in outs)
 
     def corrects(self, part: runtime.PartitionRuntime) -> bool:
         """Whether this partition's biases are corrected (the argument, else its settings)."""

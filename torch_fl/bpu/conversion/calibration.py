@@ -165,6 +165,8 @@ class RangeObserver:
             probe.SerializeToString(), options, providers=["CPUExecutionProvider"]
         )
         self.input_names = [i.name for i in self.session.get_inputs()]
+        self.output_names = [o.name for o in model.graph.output]
+        self._fetch = list(dict.fromkeys(self.output_names + list(self.names)))
         # max: the exact maximum alone; the other methods a bounded sample of |x| per tensor
         self.values: dict[str, Reservoir] = {
             n: Reservoir(capacity=1 if method == "max" else RESERVOIR) for n in self.names
@@ -192,13 +194,17 @@ class RangeObserver:
         if slot < capacity:
             self.kept_inputs[slot] = [np.array(a, copy=True) for a in inputs]
 
-    def observe(self, inputs: Sequence[np.ndarray]) -> None:
+    def observe(self, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
+        """Record one sample's activations; returns the float graph's outputs for it (the same
+        run computed them: calibration hands them on instead of running the partition again)."""
         self._keep(inputs)
         feed = dict(zip(self.input_names, inputs, strict=False))
-        values = self.session.run(self.names, feed) if self.names else []
-        for name, value in zip(self.names, values, strict=False):
-            self.values[name].add(value)
+        fetch = self._fetch
+        fetched = dict(zip(fetch, self.session.run(fetch, feed), strict=True))
+        for name in self.names:
+            self.values[name].add(fetched[name])
         self.observed = True
+        return [fetched[name] for name in self.output_names]
 
     def scales(self) -> dict[str, float]:
         out = {}
@@ -243,17 +249,20 @@ def _health_stats(
 
     base = add_to_biases(observer.model, bias) if bias else observer.model
     quantized = quantize_model(base, scales, default_scale, precision)
-    float_session, int8_session = _session(observer.model), _session(quantized)
+    int8_session = _session(quantized)
     out_names = [o.name for o in observer.model.graph.output]
+    # one float run per sample gives the outputs and every activation: the observer's graph is
+    # the float graph with the activations added as outputs
+    fetch = list(dict.fromkeys(out_names + list(observer.names)))
     worst_cos = 1.0
     per_tensor: dict[str, list[float]] = {n: [0.0, 0.0, 0.0, 0.0] for n in observer.names}
     for inputs in observer.kept_inputs:
         feed = dict(zip(observer.input_names, inputs, strict=False))
-        ref = float_session.run(out_names, feed)
+        fetched = dict(zip(fetch, observer.session.run(fetch, feed), strict=True))
         got = int8_session.run(out_names, feed)
-        for a, b in zip(ref, got, strict=True):
-            worst_cos = min(worst_cos, _cosine(np.asarray(a), np.asarray(b)))
-        values = observer.session.run(observer.names, feed) if observer.names else []
+        for name, b in zip(out_names, got, strict=True):
+            worst_cos = min(worst_cos, _cosine(np.asarray(fetched[name]), np.asarray(b)))
+        values = [fetched[n] for n in observer.names]
         for name, value in zip(observer.names, values, strict=True):
             scale = float(scales.get(name, default_scale))
             ratio = np.abs(np.asarray(value, dtype=np.float32)) / scale

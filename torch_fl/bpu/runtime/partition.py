@@ -108,8 +108,9 @@ class PartitionRuntime(torch.nn.Module):
     def _slow(self, args: Sequence[torch.Tensor]):
         session = CALIBRATION.get()
         if session is not None:
-            session.observe(self, args)
-            return self.eager(*args)
+            # the observer's float run computed the outputs too: one run per sample, not two
+            outs = session.observe(self, args)
+            return outs if outs is not None else self.eager(*args)
         if self._frozen is not None and self._exec is not None:
             # The weights this artifact baked in changed (load_state_dict, optimizer step...).
             if self.settings.on_stale == "eager":
@@ -168,9 +169,20 @@ class PartitionRuntime(torch.nn.Module):
         """A range observer on this partition's float ONNX graph (exported with `host`)."""
         return RangeObserver(export_float(self.spec, host), method, percentile)
 
-    def observe_inputs(self, observer: RangeObserver, host: Sequence[torch.Tensor]) -> None:
-        """Feed `observer` one call's runtime inputs (the frozen weights are in its graph)."""
-        observer.observe([host[i].detach().numpy() for i in self.spec.runtime_positions])
+    def observe_inputs(
+        self, observer: RangeObserver, host: Sequence[torch.Tensor]
+    ) -> tuple[torch.Tensor, ...] | None:
+        """Feed `observer` one call's runtime inputs (the frozen weights are in its graph); the
+        float outputs that run computed, as this partition returns them, or None where they do
+        not match its outputs' shapes (the caller then runs the partition itself)."""
+        outs = observer.observe([host[i].detach().numpy() for i in self.spec.runtime_positions])
+        shapes = self.entry.outputs
+        if len(outs) != len(shapes) or any(
+            shape is not None and tuple(o.shape) != tuple(shape)
+            for o, shape in zip(outs, shapes, strict=True)
+        ):
+            return None
+        return tuple(torch.from_numpy(o) for o in outs)
 
     def record_calibration(
         self,
