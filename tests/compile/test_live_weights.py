@@ -312,38 +312,3 @@ def test_background_check_in_a_forked_child():
         [sys.executable, "-c", FORKED_CHILD], env=env, timeout=120, capture_output=True, text=True
     )
     assert done.returncode == 0, done.stderr[-2000:]
-
-
-@pytest.mark.parametrize("idiom", ["numpy_view", "data_add", "pointer"])
-def test_inline_check_split_over_cpus_sees_every_change(monkeypatch, idiom):
-    """No CPU free beside the executor: large weights are hashed on every CPU at once
-    (freezing.SPLIT_BYTES); a change in any group, of any weight, is still found."""
-    from torch_fl.bpu.conversion import freezing
-
-    monkeypatch.setattr(freezing, "_usable_cpus", lambda: 4)
-    args = [torch.randn(8)] + [torch.randn(256, 1024 + 64 * i) for i in range(6)]  # ~7.6 MB
-    positions = tuple(range(1, len(args)))
-    frozen = freezing.FrozenWeights(positions, args, busy_cpus=4)
-    assert not frozen.overlap and len(frozen._groups) == 4
-    assert {id(v) for g in frozen._groups for v, _ in g} == {id(e[6]) for e in frozen.entries}
-    assert not frozen.stale(args)
-    for victim in positions:
-        frozen = freezing.FrozenWeights(positions, args, busy_cpus=4)
-        if idiom == "numpy_view":
-            args[victim].numpy()[-1, -1] += 1.0  # no version bump
-        elif idiom == "data_add":
-            args[victim].data[0, 0] += 1.0  # .data: its own version counter
-        else:
-            args[victim].data = args[victim].data.clone()  # same bytes, other memory
-        assert frozen.stale(args), (idiom, victim)
-
-
-def test_small_inline_check_is_not_split(monkeypatch):
-    from torch_fl.bpu.conversion import freezing
-
-    monkeypatch.setattr(freezing, "_usable_cpus", lambda: 4)
-    args = [torch.randn(64, 64), torch.randn(64)]
-    frozen = freezing.FrozenWeights((0, 1), args, busy_cpus=4)
-    assert frozen._groups == () and not frozen.stale(args)
-    args[0].numpy()[0, 0] += 1.0
-    assert frozen.stale(args)

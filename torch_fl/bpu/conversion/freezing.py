@@ -14,9 +14,6 @@ with fewer ORT threads than CPUs, or the board's BPU), the check runs on a check
 the partition runs, and the caller waits for both before returning:
 a changed weight still discards the result and rebuilds, but the check no longer adds its
 memory-bound pass to the latency (the partition's executor reads only its own baked copy).
-Where no CPU is free (ORT's threads take them all), the check runs before the call, and large
-weights are hashed on every CPU at once (`SPLIT_BYTES`): the executor's threads are idle then,
-and XXH3 releases the GIL (ViT-S/16's 88 MB: 4.80 ms on one core, 2.53 ms on two).
 """
 
 from __future__ import annotations
@@ -44,12 +41,7 @@ def _hasher():
 
 
 OVERLAP_BYTES = 1 << 20
-SPLIT_BYTES = 4 << 20
-"""An inline check of at least this many bytes is spread over the usable CPUs (below it, handing
-work to a thread costs about what it saves)."""
-MAX_SPLIT = 8
 _pool: tuple[int, ThreadPoolExecutor] | None = None
-_hashers: tuple[int, int, ThreadPoolExecutor] | None = None
 _pool_lock = threading.Lock()
 
 
@@ -67,30 +59,6 @@ def _checker() -> ThreadPoolExecutor:
         if _pool is None or _pool[0] != os.getpid():
             _pool = (os.getpid(), ThreadPoolExecutor(1, thread_name_prefix="bpu-weight-check"))
         return _pool[1]
-
-
-def _hasher_pool(workers: int) -> ThreadPoolExecutor:
-    """`workers` threads that hash beside the caller (new ones in a forked child)."""
-    global _hashers
-    with _pool_lock:
-        if _hashers is None or _hashers[0] != os.getpid() or _hashers[1] != workers:
-            _hashers = (
-                os.getpid(),
-                workers,
-                ThreadPoolExecutor(workers, thread_name_prefix="bpu-weight-hash"),
-            )
-        return _hashers[2]
-
-
-def _balanced(items: list[tuple[object, int, int]], bins: int) -> list[tuple]:
-    """(view, fingerprint, nbytes) items in `bins` groups of near-equal bytes, largest first."""
-    groups: list[list] = [[] for _ in range(bins)]
-    loads = [0] * bins
-    for view, print_, nbytes in sorted(items, key=lambda item: -item[2]):
-        i = loads.index(min(loads))
-        groups[i].append((view, print_))
-        loads[i] += nbytes
-    return [tuple(g) for g in groups if g]
 
 
 def _byte_view(tensor: torch.Tensor):
@@ -119,7 +87,7 @@ def fingerprint(tensor: torch.Tensor, digest=None) -> int:
 class FrozenWeights:
     """The weights one build of a partition baked in, to detect any later change."""
 
-    __slots__ = ("entries", "_digest", "overlap", "_groups")
+    __slots__ = ("entries", "_digest", "overlap")
 
     def __init__(
         self, positions: Sequence[int], args: Sequence[torch.Tensor], busy_cpus: int = 1
@@ -142,15 +110,8 @@ class FrozenWeights:
             for pos in positions
         )
         nbytes = sum(args[pos].numel() * args[pos].element_size() for pos in positions)
-        cpus = _usable_cpus()
-        self.overlap = nbytes >= OVERLAP_BYTES and cpus > max(busy_cpus, 1)
+        self.overlap = nbytes >= OVERLAP_BYTES and _usable_cpus() > max(busy_cpus, 1)
         """Check beside the call (`check_in_background`) rather than before it."""
-        self._groups: tuple[tuple, ...] = ()
-        """Inline and large: the dense weights' (view, fingerprint) in one group per CPU."""
-        dense = [(e[6], e[7], e[6].nbytes) for e in self.entries if e[6] is not None]
-        if not self.overlap and cpus > 1 and sum(d[2] for d in dense) >= SPLIT_BYTES:
-            groups = _balanced(dense, min(cpus, MAX_SPLIT))
-            self._groups = tuple(groups) if len(groups) > 1 else ()
 
     def check_in_background(self, args: Sequence[torch.Tensor]) -> Callable[[], bool]:
         """Start `stale(args)` on the checker thread; the returned function waits for it."""
@@ -158,7 +119,6 @@ class FrozenWeights:
 
     def stale(self, args: Sequence[torch.Tensor]) -> bool:
         digest = self._digest
-        split = bool(self._groups)
         for pos, tensor, ptr, nbytes, version, strides, view, print_ in self.entries:
             current = args[pos]
             if (
@@ -169,22 +129,7 @@ class FrozenWeights:
                 or current.untyped_storage().nbytes() != nbytes
             ):
                 return True
-            if split and view is not None:
-                continue  # hashed below, on every CPU
             # same object, pointer and strides: the view made at build time reads its bytes
             if (digest(view) if view is not None else fingerprint(current, digest)) != print_:
                 return True
-        return split and self._split_changed()
-
-    def _split_changed(self) -> bool:
-        """Whether any dense weight's bytes changed, hashed by the caller and the pool at once."""
-        groups = self._groups
-        pending = [_hasher_pool(len(groups) - 1).submit(_group_changed, self._digest, g)
-                   for g in groups[1:]]  # fmt: skip
-        changed = _group_changed(self._digest, groups[0])
-        # wait for every hash before returning: none may still read the weights after
-        return any([f.result() for f in pending]) or changed
-
-
-def _group_changed(digest, group: tuple) -> bool:
-    return any(digest(view) != print_ for view, print_ in group)
+        return False
