@@ -270,6 +270,7 @@ def measure(name: str, batch: int, threads: list[int], iters: int, peers: dict) 
 
 
 CALIBRATION_RATIO = 2.0  # calibrate() on N samples against N fp32 forward passes, at most
+CALIBRATION_SAMPLES = 32  # ... for N of at least this
 
 
 def calibration_time(name: str, samples: int, threads: int) -> dict:
@@ -305,7 +306,9 @@ def calibration_time(name: str, samples: int, threads: int) -> dict:
         "forwards_s": round(statistics.median(fwd), 3),
         "calibrate_s": round(statistics.median(cal), 3),
         "ratio": round(ratio, 2),
-        "target": ratio <= CALIBRATION_RATIO,
+        # the target is stated for 32 samples: on fewer, the fixed cost (the observer's and the
+        # health check's sessions, ~1 s) dominates, and the ratio says nothing about it
+        "target": ratio <= CALIBRATION_RATIO if samples >= CALIBRATION_SAMPLES else None,
     }
 
 
@@ -420,7 +423,11 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"calibrate ResNet-18 on {calib['samples']} samples: {calib['calibrate_s']:.2f} s vs "
             f"{calib['forwards_s']:.2f} s for as many fp32 forwards = {calib['ratio']:.2f}x "
-            f"(target <= {CALIBRATION_RATIO:.0f}x: {'met' if calib['target'] else 'missed'})"
+            + (
+                f"(target <= {CALIBRATION_RATIO:.0f}x: {'met' if calib['target'] else 'missed'})"
+                if calib["target"] is not None
+                else f"(the target is for {CALIBRATION_SAMPLES} samples or more)"
+            )
         )
     if args.json:
         out = Path(args.json)
