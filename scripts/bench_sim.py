@@ -76,7 +76,7 @@ SETTLE_S = 0.02
 """Pause before each timed call with more than one thread: ONNX Runtime's pool and torch's OpenMP
 threads spin-wait after a run (up to milliseconds), and a variant timed while the previous one's
 threads still spin shares the cores with them (measured here: eager MobileNetV3 at 2 threads
-took 64 ms right after the ORT sessions, 8 ms alone)."""
+took 64 ms right after the ORT sessions, 7.5 ms alone)."""
 
 
 def _medians(fns: dict[str, Callable], iters: int, settle: float = 0.0) -> dict[str, float]:
@@ -271,6 +271,7 @@ def measure(name: str, batch: int, threads: list[int], iters: int, peers: dict) 
 
 CALIBRATION_RATIO = 2.0  # calibrate() on N samples against N fp32 forward passes, at most
 CALIBRATION_SAMPLES = 32  # ... for N of at least this
+MAX_CALIB_SAMPLES = 512  # 224x224 samples held at once: 512 are 300 MB
 
 
 def calibration_time(name: str, samples: int, threads: int) -> dict:
@@ -401,8 +402,10 @@ def main(argv: list[str] | None = None) -> int:
         )
     if args.iters < 1:
         parser.error("--iters must be at least 1")
-    if args.calib_samples < 0:
-        parser.error("--calib-samples must be 0 (skip) or more")
+    if not 0 <= args.calib_samples <= MAX_CALIB_SAMPLES:
+        parser.error(
+            f"--calib-samples must be 0 (skip) to {MAX_CALIB_SAMPLES}, not {args.calib_samples}"
+        )
     batches, threads = _ints(args.batches, "--batches"), _ints(args.threads, "--threads")
     peers = {"inductor": not args.no_inductor, "pt2e": not args.no_pt2e}
     from torch_fl.bpu.runtime.sim_kernels import choose

@@ -122,3 +122,61 @@ def test_the_same_samples_again_are_replayed_from_the_store(monkeypatch) -> None
         start = time.perf_counter()
         bpu.calibrate(compiled, samples, method="mse")
     assert len(calls) == 1 + 6 + 12 + 1 and time.perf_counter() - start < 30
+
+
+def test_calibrate_runs_each_sample_once_and_hands_on_the_float_outputs(monkeypatch) -> None:
+    """The observer's float run computes the partition's outputs: calibrate() hands them to what
+    follows (here a host op, then a second partition) instead of running the partition again."""
+    import importlib
+
+    from torch_fl.bpu import report
+
+    calibrate_module = importlib.import_module("torch_fl.bpu.calibrate")  # the module, not the API
+
+    class TwoParts(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a, self.b = nn.Conv2d(3, 8, 3), nn.Conv2d(8, 8, 3)
+
+        def forward(self, x):
+            return self.b(torch.cumsum(torch.relu(self.a(x)), dim=1) / 8)
+
+    torch.manual_seed(0)
+    model = TwoParts().eval()
+    compiled = compile_bpu(model, executor="sim")
+    samples = [torch.randn(2, 3, 12, 12) for _ in range(3)]
+    with report.collect() as reps, torch.no_grad():
+        compiled(samples[0])
+    runtimes = reps[0].runtimes
+    assert len(runtimes) == 2
+    eager_calls: list[int] = []
+
+    def counted(inner):
+        def forward(*args):
+            if not torch.jit.is_tracing():  # tracing: the observer graph's ONNX export, not a run
+                eager_calls.append(1)
+            return inner(*args)
+
+        return forward
+
+    for rt in runtimes:
+        rt.eager.forward = counted(rt.eager.forward)
+    observed: dict[int, list] = {id(rt): [] for rt in runtimes}
+    real_observe = calibrate_module._Session.observe
+
+    def spy(self, part, args):
+        observed[id(part)].append([args[i].detach().clone() for i in part.spec.runtime_positions])
+        return real_observe(self, part, args)
+
+    monkeypatch.setattr(calibrate_module._Session, "observe", spy)
+    bpu.calibrate(compiled, samples)
+    assert eager_calls == []  # no partition ran eagerly beside its observer
+    assert all(len(v) == len(samples) for v in observed.values())  # these very partitions ran
+    # the second partition (the division and conv b) read the host op's cumsum of the first
+    # one's float output
+    second = next(rt for rt in runtimes if rt.spec.index == 1)
+    for (got,), x in zip(observed[id(second)], samples, strict=True):
+        want = torch.cumsum(torch.relu(model.a(x)), dim=1).detach()
+        assert got.shape == want.shape and torch.allclose(got, want, atol=1e-5, rtol=1e-5)
+    with torch.no_grad():
+        assert cosine(compiled(samples[0]), model(samples[0])) > 0.999

@@ -166,7 +166,8 @@ class RangeObserver:
         )
         self.input_names = [i.name for i in self.session.get_inputs()]
         self.output_names = [o.name for o in model.graph.output]
-        self._fetch = list(dict.fromkeys(self.output_names + list(self.names)))
+        self.fetch = list(dict.fromkeys(self.output_names + list(self.names)))
+        """What one run of `session` returns: the graph's outputs, then every activation."""
         # max: the exact maximum alone; the other methods a bounded sample of |x| per tensor
         self.values: dict[str, Reservoir] = {
             n: Reservoir(capacity=1 if method == "max" else RESERVOIR) for n in self.names
@@ -199,12 +200,15 @@ class RangeObserver:
         run computed them: calibration hands them on instead of running the partition again)."""
         self._keep(inputs)
         feed = dict(zip(self.input_names, inputs, strict=False))
-        fetch = self._fetch
-        fetched = dict(zip(fetch, self.session.run(fetch, feed), strict=True))
+        fetched = self.run(feed)
         for name in self.names:
             self.values[name].add(fetched[name])
         self.observed = True
         return [fetched[name] for name in self.output_names]
+
+    def run(self, feed: dict) -> dict[str, np.ndarray]:
+        """The float graph's outputs and activations for `feed`, by name, from one run."""
+        return dict(zip(self.fetch, self.session.run(self.fetch, feed), strict=True))
 
     def scales(self) -> dict[str, float]:
         out = {}
@@ -250,15 +254,12 @@ def _health_stats(
     base = add_to_biases(observer.model, bias) if bias else observer.model
     quantized = quantize_model(base, scales, default_scale, precision)
     int8_session = _session(quantized)
-    out_names = [o.name for o in observer.model.graph.output]
-    # one float run per sample gives the outputs and every activation: the observer's graph is
-    # the float graph with the activations added as outputs
-    fetch = list(dict.fromkeys(out_names + list(observer.names)))
+    out_names = observer.output_names
     worst_cos = 1.0
     per_tensor: dict[str, list[float]] = {n: [0.0, 0.0, 0.0, 0.0] for n in observer.names}
     for inputs in observer.kept_inputs:
         feed = dict(zip(observer.input_names, inputs, strict=False))
-        fetched = dict(zip(fetch, observer.session.run(fetch, feed), strict=True))
+        fetched = observer.run(feed)  # the outputs and every activation, one float run
         got = int8_session.run(out_names, feed)
         for name, b in zip(out_names, got, strict=True):
             worst_cos = min(worst_cos, _cosine(np.asarray(fetched[name]), np.asarray(b)))

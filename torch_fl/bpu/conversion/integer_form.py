@@ -253,8 +253,8 @@ class _Rewriter:
 
         ORT fuses this chain itself only where one tensor feeds both the Div and the Mul; in a
         Q/DQ graph its QDQ pass first gives each reader of a DequantizeLinear its own copy, so
-        the chain stayed five float passes per GELU (ViT-S/16: about a seventh of the sim's
-        ORT time, scripts/bench_sim.py's per-op breakdown)."""
+        the chain stayed five float passes per GELU (ViT-S/16's integer session, 1 thread,
+        measured by hand: 54.0 ms with them, 52.9 ms with one Gelu each)."""
         graph = self.model.graph
         outputs = {o.name for o in graph.output}
         fused: dict[int, onnx.NodeProto] = {}  # id of the node replaced -> the Gelu

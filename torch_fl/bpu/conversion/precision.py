@@ -29,12 +29,12 @@ class _Meter:
 
     def __init__(self, observer: RangeObserver, scales: Mapping[str, float], default: float):
         self.observer, self.scales, self.default = observer, dict(scales), default
-        self.out_names = [o.name for o in observer.model.graph.output]
-        reference = _session(observer.model)
+        self.out_names = observer.output_names
         self.feeds = [
             dict(zip(observer.input_names, inputs, strict=False)) for inputs in observer.kept_inputs
         ]
-        self.refs = [reference.run(self.out_names, feed) for feed in self.feeds]
+        # the observer's session is the float graph (with its activations as extra outputs)
+        self.refs = [observer.session.run(self.out_names, feed) for feed in self.feeds]
         self.measured = 0
 
     def cosine(self, precision: Mapping[str, str]) -> float:
