@@ -83,10 +83,11 @@ def in_range(version: str, spec: str) -> bool:
     return True
 
 
-def probe(ctx: Context, python: str) -> tuple[dict[str, Any] | None, str]:
-    """({torch, dists}, raw output) when `python` imports torch and the pinned wheels."""
+def probe(ctx: Context, python: str, with_pins: bool = True) -> tuple[dict[str, Any] | None, str]:
+    """({torch, dists}, raw output) when `python` imports torch and (`with_pins`) the pinned
+    wheels."""
     names = [wheels.normalize(re.split(r"[<>=!~ ]", w, maxsplit=1)[0]) for w in pinned(ctx)]
-    dists = {n: IMPORT_NAMES.get(n, n) for n in names}
+    dists = {n: IMPORT_NAMES.get(n, n) for n in names} if with_pins else {}
     snippet = _PROBE.replace("__DISTS__", repr(dists))
     clean = "env -u PYTHONPATH -u PYTHONHOME TORCH_DEVICE_BACKEND_AUTOLOAD=0"
     rc, out, err = ctx.sh(f"{clean} {shlex.quote(python)} -c {shlex.quote(snippet)}", timeout=600)
@@ -136,7 +137,9 @@ class TorchEnv:
             return chosen
         if has_torch_wheel(house, torch.version):
             return "wheelhouse"
-        found, _ = probe(ctx, ctx.config.torch_env.python)
+        # torch alone decides: a board with Debian's torch but no onnx yet is a distro board
+        # (the venv sees its torch and pip adds the rest).
+        found, _ = probe(ctx, ctx.config.torch_env.python, with_pins=False)
         if found is not None and in_range(found["torch"], torch.supported):
             return "distro"
         return "index"
@@ -192,10 +195,10 @@ class TorchEnv:
 
     def distro_torch(self, ctx: Context) -> None:
         torch = ctx.config.torch_env.torch
-        found, _ = probe(ctx, ctx.config.torch_env.python)
+        found, _ = probe(ctx, ctx.config.torch_env.python, with_pins=False)
         if found is None:
             apt_install(ctx, self.name, list(torch.distro_packages))
-            found, raw = probe(ctx, ctx.config.torch_env.python)
+            found, raw = probe(ctx, ctx.config.torch_env.python, with_pins=False)
             if found is None:
                 raise StepError(
                     f"after installing {list(torch.distro_packages)}, "

@@ -5,7 +5,11 @@ The lanes run *on the board*, so the board's own capability detection decides wh
 which matrix expectations apply. How the board gets its Python (`setup`):
 
 - `bootstrap`: `scripts/bootstrap.sh` on the board (pip, the pinned set, the extension): a real
-  board with network access.
+  board with network access. Where provisioning made the board's torch-fl environment (the
+  torch_env and torch_fl steps), bootstrap completes that one instead: its torch and its
+  torch-fl, built on the board, stay; the lanes' tools come from `requirements-board.txt`
+  (from the shipped wheelhouse only, when the job had `--artifacts`); and the checkout goes
+  without `torch_fl/` and `csrc/`, so the lanes import the library the board installed.
 - `kit`: the controller ships the pure-Python test tools from its own environment (pytest and
   its plugins, PyYAML without its C part, invoke) and the board's `python3` runs them: a board
   with no network, such as the emulated one.
@@ -23,6 +27,7 @@ import tarfile
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -38,8 +43,14 @@ class BoardError(RuntimeError):
     """A step on the board failed; the message says which and why."""
 
 
-def checkout_tarball(root: Path) -> bytes:
-    """The checkout as git sees it (tracked + untracked, not ignored): no venv, no build output."""
+# What a board whose environment has torch-fl installed does not get: the library's own sources
+# would shadow the installed package (the lanes run from the checkout's root).
+LIBRARY_DIRS = ("torch_fl", "csrc")
+
+
+def checkout_tarball(root: Path, without: tuple[str, ...] = ()) -> bytes:
+    """The checkout as git sees it (tracked + untracked, not ignored): no venv, no build output;
+    top-level directories in `without` are left out."""
     proc = subprocess.run(
         ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
         cwd=root,
@@ -49,6 +60,8 @@ def checkout_tarball(root: Path) -> bytes:
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w:gz") as tar:
         for name in sorted(set(proc.stdout.decode().split("\0")) - {""}):
+            if name.split("/", 1)[0] in without:
+                continue
             path = root / name
             if path.is_file():
                 tar.add(path, arcname=name, recursive=False)
@@ -98,6 +111,14 @@ def kit_tarball() -> tuple[bytes, list[str]]:
     return buf.getvalue(), sorted(f"{d.metadata['Name']}=={d.version}" for d in dists)
 
 
+@dataclass(frozen=True)
+class BoardEnv:
+    """The torch-fl environment provisioning made on a board (torch_env + torch_fl steps)."""
+
+    venv: str  # the venv's directory
+    wheels: str = ""  # the wheelhouse shipped beside it ('' when the job had none)
+
+
 class Board:
     """One board's working directory and the commands run there."""
 
@@ -133,19 +154,34 @@ class Board:
             what=what,
         )
 
-    def ship_checkout(self, root: Path) -> None:
-        self._ship(checkout_tarball(root), self.checkout, "unpacking the checkout")
+    def ship_checkout(self, root: Path, without: tuple[str, ...] = ()) -> None:
+        self._ship(checkout_tarball(root, without), self.checkout, "unpacking the checkout")
 
-    def setup(self, mode: str, board_python: str | None) -> tuple[str, dict[str, str]]:
-        """Prepare the board's Python; return (python command, extra environment)."""
+    def setup(
+        self, mode: str, board_python: str | None, board_env: BoardEnv | None = None
+    ) -> tuple[str, dict[str, str]]:
+        """Prepare the board's Python; return (python command, extra environment).
+
+        `board_env`: the environment provisioning made there, which `bootstrap` completes."""
         q = shlex.quote
         if mode == "bootstrap":
             venv = f"{self.base}/venv"
             # FARM=0: the board runs lanes, it never talks to the coordinator itself. SYSTEM=0:
             # the controller's host packages (qemu, the lab's tools) are not the board's; what the
             # board needs, provisioning installed.
+            knobs = f"FARM=0 SYSTEM=0 VENV={q(venv)}"
+            if board_env is not None:
+                venv = board_env.venv
+                knobs = (
+                    f"FARM=0 SYSTEM=0 ZOO=0 VENV={q(venv)} TORCH=keep EXTENSION=installed "
+                    "REQUIREMENTS=requirements-board.txt"
+                )
+                if board_env.wheels:
+                    # An offline board: the wheelhouse provisioning shipped, and no index.
+                    knobs += f" PIP_NO_INDEX=1 PIP_FIND_LINKS={q(board_env.wheels)}"
+                self.echo(f"bootstrap: completing the provisioned environment {venv}")
             rc = self.target.run_logged(
-                f"cd {q(self.checkout)} && FARM=0 SYSTEM=0 VENV={q(venv)} scripts/bootstrap.sh",
+                f"cd {q(self.checkout)} && {knobs} scripts/bootstrap.sh",
                 self.log,
                 timeout=7200,
                 progress=lambda m: self.echo(f"  [bootstrap] {m}"),
@@ -192,11 +228,12 @@ class Board:
         """Copy summary.json, junit XML and lane logs to `dest`; return what arrived."""
         out = f"{self.checkout}/out/farm"
         rc, listing, _ = self.target.run(
-            f"cd {shlex.quote(out)} 2>/dev/null && ls summary.json junit/*.xml logs/*.log 2>/dev/null",
+            f"cd {shlex.quote(out)} 2>/dev/null && "
+            "ls summary.json junit/*.xml logs/*.log results/*.jsonl 2>/dev/null",
             timeout=60,
         )
         files = [ln.strip() for ln in listing.splitlines() if ln.strip()]
-        got: dict[str, Any] = {"summary": None, "junit": [], "logs": []}
+        got: dict[str, Any] = {"summary": None, "junit": [], "logs": [], "results": []}
         for name in files:
             local = dest / name
             self.target.get(f"{out}/{name}", local)
@@ -204,6 +241,8 @@ class Board:
                 got["summary"] = local
             elif name.startswith("junit/"):
                 got["junit"].append(local)
+            elif name.startswith("results/"):
+                got["results"].append(local)  # the per-test records, for a delegated lane
             else:
                 got["logs"].append(local)
         return got

@@ -178,9 +178,10 @@ class PrivateLab:
     that away from a lab someone else is using, and stopping it restores nothing anyone needs.
     """
 
-    def __init__(self, workdir: Path, page_size: str | None = None) -> None:
+    def __init__(self, workdir: Path, page_size: str | None = None, image: str = "board") -> None:
         self.workdir = workdir
         self.page_size = page_size
+        self.image = image
         self.info = None
         self._saved: str | None = None
 
@@ -208,12 +209,13 @@ class PrivateLab:
                     link.symlink_to(product)
         self._enter_cache()
         try:
-            if kernel.cached(page_size) is None or rootfs.cached() is None:
+            if kernel.cached(page_size) is None or rootfs.cached(self.image) is None:
                 raise FarmError(
-                    f"the lab's {page_size} kernel or root file system is not built yet in "
-                    f"{shared}: run `invoke lab.up` once (it builds and caches them)"
+                    f"the lab's {page_size} kernel or {self.image!r} root file system is not "
+                    f"built yet in {shared}: run `invoke lab.up --image {self.image}` once (it "
+                    "builds and caches them)"
                 )
-            self.info, _ = vm.up(page_size, log=lambda msg: None)
+            self.info, _ = vm.up(page_size, log=lambda msg: None, image_name=self.image)
         finally:
             self._leave_cache()
         return self.info

@@ -22,7 +22,7 @@ from provision import facts as facts_mod
 from provision.multihost import HostJob, ProvisionRequest, open_target, provision_host, slug
 from provision.target import HostSpec, SshTarget
 from scripts.farm import power
-from scripts.farm.board import Board
+from scripts.farm.board import LIBRARY_DIRS, Board, BoardEnv
 from scripts.farm.job import FarmJob
 from scripts.farm.labgrid_client import LabgridClient
 from scripts.farm.report import PlaceOutcome, tag_contradictions
@@ -60,6 +60,7 @@ class PlaceContext:
     host: HostJob | None = None
     target: SshTarget | None = None  # the board connection from ship to fetch
     board: Board | None = None
+    board_env: BoardEnv | None = None  # what provisioning made there, for bootstrap to complete
     python: str = ""
     env: dict[str, str] = field(default_factory=dict)
     trail: list[str] = field(default_factory=list)  # the states run, in order
@@ -162,11 +163,33 @@ def provision(ctx: PlaceContext) -> str | Stop:
     return "ship"
 
 
+def provisioned_env(outcome: PlaceOutcome, offline: bool) -> BoardEnv | None:
+    """The board's torch-fl environment when this run's provisioning made or checked it (its
+    torch_env and torch_fl steps ended ok), else None."""
+    path = (outcome.provision or {}).get("report")
+    if not path or not Path(path).is_file():
+        return None
+    steps = {s.get("name"): s for s in json.loads(Path(path).read_text()).get("steps", [])}
+
+    def final(name: str) -> dict[str, Any]:
+        step = steps.get(name) or {}
+        return step.get("after") or step.get("before") or {}
+
+    env, lib = final("torch_env"), final("torch_fl")
+    root = (env.get("facts") or {}).get("root")
+    if env.get("status") != "ok" or lib.get("status") != "ok" or not root:
+        return None
+    return BoardEnv(f"{root}/venv", f"{root}/wheels" if offline else "")
+
+
 def ship(ctx: PlaceContext) -> str | Stop:
     """Connect (the connection stays open until fetch) and copy the checkout to the board."""
     ctx.target = ssh_target(ctx.job, ctx.host)
     ctx.board = Board(ctx.target, ctx.place_dir / "board.log", ctx.echo)
-    ctx.board.ship_checkout(ctx.job.root)
+    if ctx.job.setup == "bootstrap":
+        ctx.board_env = provisioned_env(ctx.outcome, ctx.job.options.artifacts is not None)
+    # The lanes test the library the board installed, not a copy of its sources beside it.
+    ctx.board.ship_checkout(ctx.job.root, LIBRARY_DIRS if ctx.board_env else ())
     if ctx.job.ship_cache is not None:
         # Compiled partitions hit on the board under the same keys: no compiler needed there.
         bundle = cache_ship.write_bundle(ctx.job.ship_cache, ctx.place_dir / "bpu-cache.tar.gz")
@@ -177,7 +200,7 @@ def ship(ctx: PlaceContext) -> str | Stop:
 
 def setup(ctx: PlaceContext) -> str | Stop:
     """The board's Python environment for the lanes (bootstrap or kit)."""
-    ctx.python, ctx.env = ctx.board.setup(ctx.job.setup, ctx.job.board_python)
+    ctx.python, ctx.env = ctx.board.setup(ctx.job.setup, ctx.job.board_python, ctx.board_env)
     return "lanes"
 
 
@@ -196,6 +219,7 @@ def fetch(ctx: PlaceContext) -> str | Stop:
     outcome = ctx.outcome
     outcome.junit = [str(p) for p in got["junit"]]
     outcome.logs = [str(p) for p in got["logs"]]
+    outcome.results = [str(p) for p in got["results"]]
     if got["summary"] is None:
         return fail("the board produced no summary.json (see board.log)")
     outcome.summary = json.loads(Path(got["summary"]).read_text(encoding="utf-8"))

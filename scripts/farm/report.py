@@ -38,6 +38,7 @@ class PlaceOutcome:
     summary: dict[str, Any] | None = None
     junit: list[str] = field(default_factory=list)
     logs: list[str] = field(default_factory=list)
+    results: list[str] = field(default_factory=list)  # the lanes' per-test records (jsonl)
     errors: list[str] = field(default_factory=list)
     started: float = 0.0
     finished: float = 0.0

@@ -12,10 +12,11 @@ import shutil
 DEFAULT_PAGE_SIZE = os.environ.get("TORCH_FL_LAB_PAGE_SIZE", "64k")
 
 
-def capability(page_size: str | None = None) -> tuple[bool, str]:
-    """(available, reason): can a lab with this page size start here?"""
+def capability(page_size: str | None = None, image: str = "board") -> tuple[bool, str]:
+    """(available, reason): can a lab with this page size, booting this image, start here?"""
     # Imported here: the check must stay cheap for the many callers that never build a lab.
     from scripts.lab.binfmt import aarch64_registered, can_register
+    from scripts.lab.images import IMAGES
     from scripts.lab.kernel import PAGE_SIZES
     from scripts.lab.kernel import cached as kernel_cached
     from scripts.lab.rootfs import cached as rootfs_cached
@@ -23,6 +24,8 @@ def capability(page_size: str | None = None) -> tuple[bool, str]:
     page_size = page_size or DEFAULT_PAGE_SIZE
     if page_size not in PAGE_SIZES:
         return False, f"page size {page_size!r} is not one of {', '.join(PAGE_SIZES)}"
+    if image not in IMAGES:
+        return False, f"lab image {image!r} is not one of {', '.join(sorted(IMAGES))}"
     if shutil.which("qemu-system-aarch64") is None:
         return False, "qemu-system-aarch64 is missing (apt-get install qemu-system-arm)"
     if shutil.which("ssh") is None or shutil.which("ssh-keygen") is None:
@@ -35,7 +38,7 @@ def capability(page_size: str | None = None) -> tuple[bool, str]:
         else:
             tools += ["depmod"]
         missing += [tool for tool in tools if shutil.which(tool) is None]
-    if rootfs_cached() is None:
+    if rootfs_cached(image) is None:
         missing += [
             t
             for t in ("mmdebstrap", "arch-test", "cpio", "dpkg-scanpackages")

@@ -1,13 +1,13 @@
-"""Debian trixie arm64 root file system for the lab, packed as an initramfs (cpio.gz).
+"""The lab's root file systems (scripts/lab/images.py), each packed as an initramfs (cpio.gz).
 
-Built with mmdebstrap (arm64 + amd64 foreign architecture, because Debian's box64 depends on the
-amd64 libgcc/libstdc++), then adjusted for a board without systemd: a small /init brings up the
+Built with mmdebstrap (the `board` image: trixie arm64 + amd64 foreign architecture, because
+Debian's box64 depends on the amd64 libgcc/libstdc++; the `torch` image: sid arm64), then adjusted for a board without systemd: a small /init brings up the
 network and runs sshd under tini. Host keys and authorized_keys are not in the image; each lab
 adds its own throwaway keys as a second cpio archive at start (the kernel unpacks concatenated
 archives in order).
 
-The guest has no internet, so the image carries an offline apt repository
-(/var/local/torch-fl-lab/repo, the only apt source in the image) holding:
+The guest has no internet, so each image carries an offline apt repository
+(/var/local/torch-fl-lab/repo, the only apt source in the image); the `board` image's holds:
 - box64 from Debian sid (0.4.x), the upgrade over trixie's preinstalled 0.3.4;
 - the amd64 Python 3.13 packages and their amd64 dependencies, for an x86_64 interpreter
   (`apt-get download python3.13-minimal:amd64 ...` + `dpkg-deb -x`, or `apt-get install` of the
@@ -27,32 +27,10 @@ from provision.floor import light
 from scripts.lab.binfmt import ensure_aarch64
 from scripts.lab.cache import get_or_build, lookup
 from scripts.lab.debapt import MIRROR, PrivateApt
+from scripts.lab.images import BOARD, Image, image
 
 atomic = light.load("atomic")
 
-SUITE = "trixie"
-PACKAGES = [
-    "openssh-server",
-    # sysusers without the whole of systemd: the lab boots its own /init (saves minutes of
-    # emulated maintainer scripts per cold build).
-    "systemd-standalone-sysusers",
-    "ca-certificates",  # pip (Debian's build) loads the system CA bundle even for local wheels
-    "python3",
-    "box64",  # trixie: 0.3.4, which provisioning must judge too old and upgrade
-    "iproute2",
-    "tini",
-    "kmod",
-    "procps",
-    "file",
-    "xz-utils",
-    "libgcc-s1:amd64",
-    "libstdc++6:amd64",
-]
-# Offline repo content: (suite, native arch, packages, with dependency closure?)
-REPO_SETS = [
-    ("sid", "arm64", ["box64"], False),
-    ("trixie", "amd64", ["python3.13-minimal", "libpython3.13-stdlib", "libpython3.13"], True),
-]
 REPO_DIR = "var/local/torch-fl-lab/repo"
 EXCLUDES = ["/usr/share/man/*", "/usr/share/locale/*", "/usr/share/doc/*", "/usr/share/info/*"]
 
@@ -88,20 +66,28 @@ HostKey /etc/ssh/ssh_host_ed25519_key
 """
 
 
-def inputs() -> dict[str, Any]:
-    return {
-        "suite": SUITE,
-        "packages": PACKAGES,
-        "repo_sets": REPO_SETS,
+def inputs(name: str = BOARD.name) -> dict[str, Any]:
+    img = image(name)
+    found: dict[str, Any] = {
+        "suite": img.suite,
+        "packages": list(img.packages),
+        "repo_sets": [
+            [suite, arch, list(pkgs), closure] for suite, arch, pkgs, closure in img.repo_sets
+        ],
         "excludes": EXCLUDES,
         "init": INIT,
         "sshd": SSHD_CONF,
         "mirror": MIRROR,
     }
+    # The board image's key predates images: it stays what it was (its cached product stays
+    # valid); every other image adds what sets it apart.
+    if img.architectures != BOARD.architectures:
+        found["architectures"] = list(img.architectures)
+    return found
 
 
-def cached() -> Path | None:
-    found = lookup("rootfs", inputs())
+def cached(name: str = BOARD.name) -> Path | None:
+    found = lookup("rootfs", inputs(name))
     return found / "rootfs.cpio.gz" if found else None
 
 
@@ -109,12 +95,14 @@ def _log(msg: str) -> None:
     print(f"[lab.rootfs] {msg}", flush=True)
 
 
-def _build_repo(dest: Path) -> list[str]:
+def _build_repo(img: Image, dest: Path) -> list[str]:
     names: list[str] = []
-    for suite, arch, pkgs, closure in REPO_SETS:
+    dest.mkdir(parents=True, exist_ok=True)
+    for suite, arch, pkgs, closure in img.repo_sets:
         apt = PrivateApt(f"{suite}-{arch}", [suite], arch, [arch])
         apt.update()
-        debs = apt.download_closure(pkgs, dest) if closure else apt.download(pkgs, dest)
+        wanted = list(pkgs)
+        debs = apt.download_closure(wanted, dest) if closure else apt.download(wanted, dest)
         names += [d.name for d in debs]
     shutil.rmtree(dest / "partial", ignore_errors=True)
     # A flat repository: `deb [trusted=yes] file:/... ./`; trusted because it was built here
@@ -176,11 +164,11 @@ def pack_cpio(root: Path, out: Path) -> None:
     listing.unlink()
 
 
-def build(product: Path) -> dict[str, Any]:
+def build(img: Image, product: Path) -> dict[str, Any]:
     started = time.monotonic()
     ensure_aarch64()
     root = product / "root"
-    repo_debs = _build_repo(product / "repo-staging")
+    repo_debs = _build_repo(img, product / "repo-staging")
     argv = [
         "nice",
         "-n",
@@ -188,15 +176,18 @@ def build(product: Path) -> dict[str, Any]:
         "mmdebstrap",
         "--mode=root",
         "--variant=apt",
-        "--architectures=arm64,amd64",
-        "--include=" + ",".join(PACKAGES),
+        "--architectures=" + ",".join(img.architectures),
+        "--include=" + ",".join(img.packages),
         *[f"--dpkgopt=path-exclude={pat}" for pat in EXCLUDES],
         '--aptopt=Acquire::Languages "none"',
-        SUITE,
+        # A mirror may be a dated snapshot (this project's is): sid's Release file then carries a
+        # Valid-Until in the past, which apt refuses by default. The signatures still count.
+        '--aptopt=Acquire::Check-Valid-Until "false"',
+        img.suite,
         str(root),
-        f"deb {MIRROR} {SUITE} main",
+        f"deb {MIRROR} {img.suite} main",
     ]
-    _log("mmdebstrap " + SUITE + " arm64+amd64 (several minutes on 2 cores)")
+    _log(f"mmdebstrap {img.suite} {'+'.join(img.architectures)} ({img.name} image; minutes)")
     log = product / "mmdebstrap.log"
     with open(log, "w") as fh:
         rc = subprocess.run(argv, stdout=fh, stderr=subprocess.STDOUT).returncode
@@ -210,17 +201,34 @@ def build(product: Path) -> dict[str, Any]:
         capture_output=True,
         text=True,
     ).stdout
+    versions = _versions(root, ("box64", "python3", "python3-torch"))
     _log("packing initramfs")
     pack_cpio(root, product / "rootfs.cpio.gz")
     shutil.rmtree(root)
     return {
+        "image": img.name,
+        "versions": versions,
         "box64_preinstalled": box64,
         "repo_debs": repo_debs,
         "build_s": round(time.monotonic() - started, 1),
     }
 
 
-def ensure() -> tuple[Path, bool]:
+def _versions(root: Path, packages: tuple[str, ...]) -> dict[str, str]:
+    """Installed versions of these packages in the image ('' where absent): sid moves daily, so
+    the product records what it got."""
+    found = {}
+    for name in packages:
+        found[name] = subprocess.run(
+            ["dpkg-query", f"--admindir={root}/var/lib/dpkg", "-W", "-f=${Version}", name],
+            capture_output=True,
+            text=True,
+        ).stdout
+    return found
+
+
+def ensure(name: str = BOARD.name) -> tuple[Path, bool]:
     """The cached rootfs archive, building it first when missing; (path, built_now)."""
-    product, built = get_or_build("rootfs", inputs(), build)
+    img = image(name)
+    product, built = get_or_build("rootfs", inputs(name), lambda tmp: build(img, tmp))
     return product / "rootfs.cpio.gz", built

@@ -24,6 +24,7 @@ from pathlib import Path
 from provision.floor import light
 from provision.target import HostSpec, SshTarget, TargetError
 from scripts.lab.cache import cache_root
+from scripts.lab.images import CPU_MODEL, DEFAULT, image
 from scripts.lab.kernel import ensure as ensure_kernel
 from scripts.lab.rootfs import ensure as ensure_rootfs
 from scripts.lab.rootfs import pack_cpio
@@ -31,7 +32,6 @@ from scripts.lab.rootfs import pack_cpio
 atomic = light.load("atomic")
 
 QEMU = "qemu-system-aarch64"
-MEMORY_MB = 3072
 CPUS = 2
 BOOT_TIMEOUT_S = float(os.environ.get("TORCH_FL_LAB_BOOT_TIMEOUT", "180"))
 
@@ -46,6 +46,7 @@ class LabInfo:
     port: int
     page_size: str
     state_dir: Path
+    image: str = DEFAULT
 
     @property
     def host(self) -> str:
@@ -95,7 +96,13 @@ def _read_info() -> LabInfo | None:
         return None
     try:
         data = json.loads(path.read_text())
-        return LabInfo(int(data["pid"]), int(data["port"]), str(data["page_size"]), state_dir())
+        return LabInfo(
+            int(data["pid"]),
+            int(data["port"]),
+            str(data["page_size"]),
+            state_dir(),
+            str(data.get("image", DEFAULT)),
+        )
     except (OSError, ValueError, KeyError, TypeError) as exc:
         # A truncated or hand-edited state file: no lab this process can know of (one line, no
         # traceback); `lab.up` writes a fresh one.
@@ -218,15 +225,19 @@ def _wait_ssh(info: LabInfo, timeout: float) -> bool:
     return False
 
 
-def up(page_size: str = "16k", log=print) -> tuple[LabInfo, dict[str, float]]:
-    """Start the lab (building missing products first); return its info and timings.
+def up(
+    page_size: str = "16k", log=print, image_name: str = DEFAULT
+) -> tuple[LabInfo, dict[str, float]]:
+    """Start the lab booting `image_name` (scripts/lab/images.py), building missing products
+    first; return its info and timings.
 
     Serialized by a lock, so parallel callers (pytest-xdist workers, two shells) share one lab.
     """
+    image(image_name)  # an unknown image fails here, before anything is built
     state_dir().mkdir(parents=True, exist_ok=True)
     with open(state_dir() / ".up.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        return _up_locked(page_size, log)
+        return _up_locked(page_size, log, image_name)
 
 
 def _timed(fn, *args):
@@ -236,20 +247,21 @@ def _timed(fn, *args):
     return result, round(time.monotonic() - mark, 1)
 
 
-def _up_locked(page_size: str, log) -> tuple[LabInfo, dict[str, float]]:
+def _up_locked(page_size: str, log, image_name: str) -> tuple[LabInfo, dict[str, float]]:
     current = running()
     if current is not None:
-        return _reuse(current, page_size), {}
+        return _reuse(current, page_size, image_name), {}
     if shutil.which(QEMU) is None:
         raise LabError(f"{QEMU} is missing; fix: apt-get install qemu-system-arm")
     started = time.monotonic()
     timings: dict[str, float] = {}
-    kdir, archive = _build_products(page_size, timings, log)
+    kdir, archive = _build_products(page_size, timings, log, image_name)
     timings["products_s"] = round(time.monotonic() - started, 1)
     run = state_dir()
     mark = time.monotonic()
     port = _prepare_boot(run, kdir, archive)
-    info, qemu = _start_qemu(_qemu_argv(kdir, run, port), run, port, page_size)
+    argv = _qemu_argv(kdir, run, port, image(image_name).memory_mb)
+    info, qemu = _start_qemu(argv, run, port, page_size, image_name)
     _await_boot(info, qemu, run)
     timings["boot_s"] = round(time.monotonic() - mark, 1)
     _refresh_apt(info)
@@ -257,19 +269,21 @@ def _up_locked(page_size: str, log) -> tuple[LabInfo, dict[str, float]]:
     return info, timings
 
 
-def _reuse(current: LabInfo, page_size: str) -> LabInfo:
+def _reuse(current: LabInfo, page_size: str, image_name: str) -> LabInfo:
     """The lab already running, if it is the one asked for and answers."""
-    if current.page_size != page_size:
+    if (current.page_size, current.image) != (page_size, image_name):
         raise LabError(
-            f"a {current.page_size} lab is already running (pid {current.pid}); "
-            "run `invoke lab.down` first"
+            f"a {current.page_size} lab with the {current.image!r} image is already running "
+            f"(pid {current.pid}), not {page_size} / {image_name!r}; run `invoke lab.down` first"
         )
     if not _wait_ssh(current, BOOT_TIMEOUT_S):
         raise LabError(f"the running lab (pid {current.pid}) does not answer on SSH")
     return current
 
 
-def _build_products(page_size: str, timings: dict[str, float], log) -> tuple[Path, Path]:
+def _build_products(
+    page_size: str, timings: dict[str, float], log, image_name: str
+) -> tuple[Path, Path]:
     """The kernel directory and the rootfs archive, from the cache or built now."""
     # The two products are independent (separate private apt trees, separate cache locks), and
     # their costs differ in kind: `make -j2` keeps both cores busy, mmdebstrap under qemu-user
@@ -277,11 +291,11 @@ def _build_products(page_size: str, timings: dict[str, float], log) -> tuple[Pat
     # core (cold timings in docs/board-lab.md).
     with ThreadPoolExecutor(max_workers=2, thread_name_prefix="lab-build") as pool:
         kernel_job = pool.submit(_timed, ensure_kernel, page_size)
-        rootfs_job = pool.submit(_timed, ensure_rootfs)
+        rootfs_job = pool.submit(_timed, ensure_rootfs, image_name)
         (kdir, kbuilt), timings["kernel_s"] = kernel_job.result()
         (archive, rbuilt), timings["rootfs_s"] = rootfs_job.result()
     log(f"kernel {'built' if kbuilt else 'cached'}: {kdir}")
-    log(f"rootfs {'built' if rbuilt else 'cached'}: {archive}")
+    log(f"rootfs ({image_name}) {'built' if rbuilt else 'cached'}: {archive}")
     return kdir, archive
 
 
@@ -299,7 +313,7 @@ def _prepare_boot(run: Path, kdir: Path, archive: Path) -> int:
     return port
 
 
-def _qemu_argv(kdir: Path, run: Path, port: int) -> list[str]:
+def _qemu_argv(kdir: Path, run: Path, port: int, memory_mb: int) -> list[str]:
     return [
         "nice",
         "-n",
@@ -308,11 +322,11 @@ def _qemu_argv(kdir: Path, run: Path, port: int) -> list[str]:
         "-M",
         "virt,gic-version=3",
         "-cpu",
-        "max",
+        CPU_MODEL,
         "-smp",
         str(CPUS),
         "-m",
-        str(MEMORY_MB),
+        str(memory_mb),
         "-accel",
         "tcg,thread=multi",
         "-kernel",
@@ -337,7 +351,7 @@ def _qemu_argv(kdir: Path, run: Path, port: int) -> list[str]:
 
 
 def _start_qemu(
-    argv: list[str], run: Path, port: int, page_size: str
+    argv: list[str], run: Path, port: int, page_size: str, image_name: str
 ) -> tuple[LabInfo, subprocess.Popen]:
     """qemu in the background, in its own session; its PID recorded for `down`."""
     with open(run / "qemu.log", "w") as qlog:
@@ -348,9 +362,9 @@ def _start_qemu(
             stderr=subprocess.STDOUT,
             start_new_session=True,  # survives the invoke process that started it
         )
-    state = {"pid": proc.pid, "port": port, "page_size": page_size}
+    state = {"pid": proc.pid, "port": port, "page_size": page_size, "image": image_name}
     atomic.write_text(run / "lab.json", json.dumps(state) + "\n")
-    return LabInfo(proc.pid, port, page_size, run), proc
+    return LabInfo(proc.pid, port, page_size, run, image_name), proc
 
 
 def _await_boot(info: LabInfo, qemu: subprocess.Popen, run: Path) -> None:

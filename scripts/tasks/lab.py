@@ -24,27 +24,34 @@ from scripts.tasks.cli import (
 
 @task(
     klass=CliTask,
-    help={"page_size": "guest kernel page size: 64k (built from Debian's source) or 16k"},
+    help={
+        "page_size": "guest kernel page size: 64k (built from Debian's source) or 16k",
+        "image": "root file system: board (trixie, box64 to upgrade; default) or torch (sid, "
+        "Debian's torch and a compiler: torch-fl built and tested there)",
+    },
 )
-def up(c, page_size=None):
+def up(c, page_size=None, image=None):
     """Start the emulated board (building and caching its kernel and rootfs when missing)."""
     from scripts import lab
-    from scripts.lab import vm
+    from scripts.lab import images, vm
 
     if page_size is not None and not page_size.strip():
         # "$UNSET" is a mistake, not "the default": the default starts a build of many minutes
         raise bad_flag("--page-size", page_size, "use 64k or 16k (or leave the flag out)")
+    if image is not None and image not in images.IMAGES:
+        raise bad_flag("--image", image, f"use one of {', '.join(sorted(images.IMAGES))}")
     page_size = page_size or lab.DEFAULT_PAGE_SIZE
-    ok, why = lab.capability(page_size)
+    image = image or images.DEFAULT
+    ok, why = lab.capability(page_size, image)
     if not ok:
         raise Exit(f"lab.up: the lab cannot start here: {why}", code=2)
     try:
         # A cold start builds the kernel and the rootfs side by side for many minutes.
-        with heartbeat(f"lab.up {page_size}"):
-            info, timings = vm.up(page_size)
+        with heartbeat(f"lab.up {page_size} {image}"):
+            info, timings = vm.up(page_size, image_name=image)
     except Exception as exc:  # noqa: BLE001 - report any build/boot failure with its message
         raise Exit(f"lab.up: {exc}", code=1) from exc
-    print(f"lab up ({info.page_size} pages), pid {info.pid}: ssh {info.host}")
+    print(f"lab up ({info.page_size} pages, {info.image} image), pid {info.pid}: ssh {info.host}")
     print(f"  timings: {timings}")
     print(
         f"  provision: invoke provision --host {info.host} --config <yaml with ssh.known_hosts: "
@@ -72,6 +79,7 @@ def status(c, json=None):
             pid=info.pid,
             host=info.host,
             page_size=info.page_size,
+            image=info.image,
             known_hosts=str(info.known_hosts),
             identity=str(info.identity),
         )
@@ -94,7 +102,9 @@ def status(c, json=None):
     if info is None:
         print_lines([*lines, "lab: not running"])
         return
-    lines.append(f"lab: running, pid {info.pid}, {info.host}, page size {info.page_size}")
+    lines.append(
+        f"lab: running, pid {info.pid}, {info.host}, page size {info.page_size}, {info.image} image"
+    )
     guest = doc.get("guest") or f"does not answer ({doc.get('guest_error')})"
     lines.append(f"  guest: {guest}")
     lines.append(f"  known_hosts {info.known_hosts}, identity {info.identity}")

@@ -43,6 +43,10 @@ def format_plan(matrix: Matrix, lanes: list[Lane], caps: dict[str, Any], platfor
             if missing
             else "run " + " ".join(lane.paths)
         )
+        if not missing and lane.markers:
+            plan += f" -m {lane.markers!r}"
+        if not missing and lane.delegated(caps):
+            plan += f", on the emulated board ({lane.on_board} image)"
         per_test = f"{lane.test_timeout:.0f}s" if lane.test_timeout else "-"
         out.append(
             f"{lane.name:<18}{lane.kind:<8}{lane.workers:>8}{lane.timeout:>8.0f}s"

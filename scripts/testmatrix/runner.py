@@ -50,11 +50,18 @@ def _platform_caps(run: MatrixRun) -> tuple[dict[str, Any] | None, str]:
     return None, "detected"
 
 
-def _run_lane(lane: Lane, ctx: LaneContext, subset: list[str] | None) -> LaneResult:
+def _run_lane(
+    lane: Lane, ctx: LaneContext, subset: list[str] | None, caps: dict[str, Any]
+) -> LaneResult:
     """One lane that can run here; a Ctrl-C/SIGTERM before it got going is still recorded."""
     try:
         if lane.kind == "ruff":
             return run_ruff_lane(lane, ctx)
+        if lane.delegated(caps):
+            # Imported here: the farm and lab code is no concern of a run without such a lane.
+            from scripts.testmatrix.board_lane import run_on_emulated_board
+
+            return run_on_emulated_board(lane, ctx.root, ctx.matrix_file, ctx.outputs, ctx.stream)
         return run_pytest_lane(lane, ctx, nodeids=subset)
     except KeyboardInterrupt:
         res = LaneResult(lane.name, "interrupted")
@@ -87,7 +94,7 @@ def _run_lanes(
             file=ctx.stream,
             flush=True,
         )
-        res = _run_lane(lane, ctx, subset)
+        res = _run_lane(lane, ctx, subset, caps)
         results.append(res)
         if res.status == "interrupted":
             return lane.name

@@ -74,6 +74,12 @@ class Requirement:
         return not result if self.negate else result
 
 
+# A lane `on_board` runs here on a board; a machine of another architecture hands it to the
+# emulated board, which needs the lab.
+BOARD_ARCH = "aarch64"
+DELEGATION_REQUIRES = (Requirement("lab", "lab"),)
+
+
 @dataclass
 class Lane:
     name: str
@@ -88,10 +94,18 @@ class Lane:
     test_timeout: float | None = None  # per test (pytest-timeout); None: no per-test limit
     env: dict[str, str] = field(default_factory=dict)
     description: str = ""
+    # A lane of tests that run on a board: on an aarch64 machine (a board) here, elsewhere on the
+    # emulated board booted from this lab image (scripts/lab/images.py). None: here.
+    on_board: str | None = None
+
+    def delegated(self, caps: dict[str, Any]) -> bool:
+        """Whether this machine hands the lane to the emulated board instead of running it."""
+        return self.on_board is not None and caps.get("arch") != BOARD_ARCH
 
     def missing(self, caps: dict[str, Any]) -> list[str]:
         """Requirement texts this machine does not meet (empty: the lane can run)."""
-        return [r.text for r in self.requires if not r.holds(caps)]
+        requires = [*self.requires, *(DELEGATION_REQUIRES if self.delegated(caps) else ())]
+        return [r.text for r in requires if not r.holds(caps)]
 
 
 @dataclass
@@ -229,9 +243,19 @@ class _Validator:
                 "timeout": True,
                 "test_timeout": False,
                 "env": False,
+                "on_board": False,
             },
         )
         lane = Lane(name=name, line=key_node.start_mark.line + 1)
+        if "on_board" in keys:
+            from scripts.lab.images import IMAGES
+
+            lane.on_board = self.string(keys["on_board"], f"{what} on_board")
+            if lane.on_board not in IMAGES:
+                raise self.fail(
+                    keys["on_board"],
+                    f"{what}: on_board names a lab image, one of: {', '.join(sorted(IMAGES))}",
+                )
         if "kind" in keys:
             lane.kind = self.string(keys["kind"], f"{what} kind")
             if lane.kind not in LANE_KINDS:
@@ -274,6 +298,8 @@ class _Validator:
                         v, f"{what} env {name} must be a string or number; quote it, got {value!r}"
                     )
                 lane.env[name] = str(value)
+        if lane.kind == "ruff" and lane.on_board:
+            raise self.fail(keys["on_board"], f"{what}: a ruff lane runs here; remove on_board")
         if lane.kind == "ruff" and lane.workers != 1:
             raise self.fail(keys["workers"], f"{what}: a ruff lane has no workers; remove it")
         return lane

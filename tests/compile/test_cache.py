@@ -77,6 +77,7 @@ def test_concurrent_processes_build_once_and_never_tear(tmp_path):
     assert ArtifactCache(tmp_path / "c").get("c0" * 32) is not None
 
 
+@pytest.mark.board
 def test_corrupt_artifact_detected_and_rebuilt(cache_dir):
     model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU()).eval()
     x = torch.randn(1, 3, 8, 8)
@@ -96,6 +97,7 @@ def test_corrupt_artifact_detected_and_rebuilt(cache_dir):
     assert manifest["files"]["model.onnx"]["size"] == len(data)
 
 
+@pytest.mark.board
 def test_warm_cache_needs_no_export(monkeypatch):
     model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU()).eval()
     x = torch.randn(1, 3, 8, 8)

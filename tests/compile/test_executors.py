@@ -11,6 +11,7 @@ from torch_fl.bpu import report
 from torch_fl.bpu.runtime import registry
 
 
+@pytest.mark.board
 def test_auto_without_board_is_eager_bit_exact_with_one_warning(monkeypatch):
     monkeypatch.setattr(registry, "_warned_no_board", False)
     model = seeded(DepthwiseSeparable())

@@ -1,10 +1,12 @@
 """Convolution (explicit kernels) and autograd through the fallback, against the CPU."""
 
+import pytest
 import torch
 
 from tests.eager.parity import assert_parity, on_device
 
 
+@pytest.mark.board
 def test_conv2d_forward_and_backward():
     g = torch.Generator().manual_seed(0)
     x = torch.randn(2, 3, 12, 12, generator=g, requires_grad=True)

@@ -1,11 +1,14 @@
 """Memory stats, streams, events, RNG and the accelerator API of the flagos device."""
 
+import os
+
 import pytest
 import torch
 
 import torch_fl
 
 
+@pytest.mark.board
 def test_memory_stats_track_allocations():
     torch.flagos.empty_cache()
     torch.flagos.reset_peak_memory_stats()
@@ -37,6 +40,25 @@ def test_fallback_results_are_accounted():
     assert torch.flagos.memory_allocated() == base
 
 
+@pytest.mark.board
+def test_host_memory_blocks_are_whole_pages_of_this_kernel():
+    """Host-backed device memory comes in pages of the running kernel (4 KB here, 64 KB on the
+    S600 and the emulated board), and CPU fallbacks work in it in place (zero-copy)."""
+    page = os.sysconf("SC_PAGE_SIZE")
+    assert torch_fl.build_info()["page_size"] == page
+    if torch.flagos.memory_backend() != "host":
+        pytest.skip("UCP memory: its alignment is the vendor runtime's")
+    for size in (1, page // 4 + 3, page + 1, 3 * page):
+        t = torch.empty(size, dtype=torch.uint8, device="flagos")
+        assert t.data_ptr() % page == 0, (size, hex(t.data_ptr()))
+    x = torch.arange(page, dtype=torch.float32, device="flagos")
+    before = x.data_ptr()
+    x.mul_(2)  # a CPU fallback that writes into the device tensor's own pages
+    assert x.data_ptr() == before
+    assert torch.equal(x.cpu(), torch.arange(page, dtype=torch.float32) * 2)
+
+
+@pytest.mark.board
 def test_streams_have_distinct_ids_and_can_be_made_current():
     s1, s2 = torch.flagos.Stream(), torch.flagos.Stream()
     assert s1.stream_id != s2.stream_id
@@ -50,6 +72,7 @@ def test_streams_have_distinct_ids_and_can_be_made_current():
     s1.synchronize()
 
 
+@pytest.mark.board
 def test_events_measure_real_time():
     import time
 
@@ -108,12 +131,14 @@ def test_accelerator_api_and_device_module():
         torch.flagos.memory_allocated("cpu")
 
 
+@pytest.mark.board
 def test_pin_memory():
     pinned = torch.randn(16).pin_memory()
     assert pinned.is_pinned()
     assert torch.equal(pinned.to("flagos").cpu(), pinned)
 
 
+@pytest.mark.board
 def test_build_info_and_backend():
     info = torch_fl.build_info()
     assert info["accelerator"] == "bpu"

@@ -10,6 +10,7 @@ import torch_fl
 from tests.eager.parity import DEV
 
 
+@pytest.mark.board
 def test_accelerator_memory_calls_follow_allocations() -> None:
     torch.accelerator.empty_cache()
     torch.accelerator.reset_peak_memory_stats()

@@ -113,13 +113,26 @@ def test_exit_is_clean_under_repetition(standin_ucp_lib: Path, case: str, chunk:
         )
 
 
-@pytest.mark.parametrize("case", [c for c in CASES if c != "live-tensors"])
+# On the emulated board each interpreter start costs about 20 s: the board-torch lane takes the
+# cases whose teardown races are the board's own (the autograd thread, a compiled partition).
+BOARD_CASES = ("autograd", "compiled")
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        pytest.param(c, marks=pytest.mark.board) if c in BOARD_CASES else c
+        for c in CASES
+        if c != "live-tensors"
+    ],
+)
 def test_exit_is_clean_per_case(standin_ucp_lib: Path, case: str):
     env = standin_env(standin_ucp_lib)
     for run in range(2):  # fresh interpreters, no fork: the whole start-up and exit path
         assert_clean(run_python(program(CASES[case]), env), f"{case} run {run}")
 
 
+@pytest.mark.board
 def test_exit_is_clean_on_host_memory(tmp_path: Path):
     # A path under tmp_path surely does not exist; a fixed one like /nonexistent may on a shared host.
     done = run_python(

@@ -82,3 +82,75 @@ def test_lab_and_x86_board_provision_and_test_in_parallel(
     assert farm.client.reservations() == []
     for name in ("rdk-emu", "x86-emu"):
         assert "acquired: None" in farm.client.show(name)
+
+
+@pytest.fixture
+def torch_lab(tmp_path: Path):
+    """A private emulated board booted from the lab's `torch` image (sid's torch)."""
+    ok, why = lab_pkg.capability(image="torch")
+    if not ok:
+        pytest.fail(f"the farm-emu lane needs the board lab's torch image: {why}")
+    from scripts.lab import rootfs
+
+    rootfs.ensure("torch")  # built by the board-torch lane before this one; else built here
+    lab = PrivateLab(tmp_path / "lab", image="torch")
+    try:
+        yield lab.start()
+    finally:
+        lab.stop()
+
+
+def test_farm_test_bootstrap_runs_board_torch_on_the_emulated_board(
+    torch_lab, farm_factory, farm_cli, tmp_path
+):
+    """`invoke farm.test` with its default `--setup bootstrap`, end to end on the emulated 64 KB
+    board: provisioning makes the board's environment (Debian's torch, the wheelhouse, torch-fl
+    built there), bootstrap completes it, and the board-torch lane runs there."""
+    from provision import config, scratch
+    from scripts.lab import cache, rootfs, wheelhouse
+    from scripts.testmatrix.board_lane import STEPS
+
+    lab = torch_lab
+    meta = cache.metadata(rootfs.cached("torch").parent)
+    python = wheelhouse.python_version(meta["versions"]["python3"])
+    house = wheelhouse.ensure(python, [*config.load().torch_env.wheels, *wheelhouse.requirements()])
+    farm = farm_factory(
+        [Board("rdk-torch", "127.0.0.1", lab.port, "root",
+               {"board": "rdk-emu", "arch": "aarch64", "pagesize": EXPECTED_PAGE})]
+    )  # fmt: skip
+    known = tmp_path / "known_hosts"
+    known.write_text(lab.known_hosts.read_text())
+    cfg = farm_yaml(
+        tmp_path / "farm.yaml", farm, {"rdk-torch": {"identity": str(lab.identity)}}, known
+    )
+    # The controller's cache of wheels the boards built (keyed by the sources, torch, Python and
+    # CPU): the board-torch lane's build, where it ran first, is installed instead of rebuilt.
+    controller = tmp_path / "controller" / "cache" / "torch-fl" / "provision"
+    controller.mkdir(parents=True)
+    shared = scratch.controller_cache() / "torch-fl-wheels"
+    shared.mkdir(parents=True, exist_ok=True)
+    (controller / "torch-fl-wheels").symlink_to(shared)
+    out = tmp_path / "out"
+    res = farm_cli(
+        "test", "--farm-config", str(cfg), "--place", "rdk-torch", "--lane", "board-torch",
+        "--only", STEPS, "--artifacts", str(house), "--out", str(out), "--config",
+        str(_no_skips(tmp_path)), timeout=2700,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stdout[-6000:] + res.stderr[-2000:]
+    doc = json.loads((out / "farm.json").read_text())
+    (place,) = doc["places"]
+    assert (place["facts"]["arch"], str(place["facts"]["pagesize"])) == ("aarch64", EXPECTED_PAGE)
+    (row,) = doc["rows"]
+    assert row["verdict"] == "ok", row
+    # The board's own detection applied the CUPTI expectation there (no libcupti, no GPU).
+    assert row["buckets"]["expected-fail"] == 2, row
+    assert row["buckets"]["passed"] >= 20, row
+    assert "bootstrap: completing the provisioned environment" in res.stdout
+    assert "bootstrap: torch-fl as installed:" in (out / "rdk-torch" / "board.log").read_text()
+
+
+def _no_skips(tmp_path: Path) -> Path:
+    """A provisioning config without the fast config's step skips (--only picks the steps)."""
+    path = tmp_path / "provision.yaml"
+    path.write_text("steps:\n  skip: []\n")
+    return path

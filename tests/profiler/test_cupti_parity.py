@@ -12,6 +12,7 @@ import ctypes
 import ctypes.util
 from pathlib import Path
 
+import pytest
 import torch
 from torch.profiler import ProfilerActivity
 
@@ -30,6 +31,7 @@ def require_cupti_and_gpu() -> None:
     assert torch.cuda.is_available(), "no CUDA device: no GPU kernel events"
 
 
+@pytest.mark.board
 def test_cuda_kernel_events_captured(tmp_path: Path):
     require_cupti_and_gpu()
     events = capture(
@@ -40,6 +42,7 @@ def test_cuda_kernel_events_captured(tmp_path: Path):
     assert all(e["dur"] > 0 for e in kernels)
 
 
+@pytest.mark.board
 def test_cuda_trace_structure_matches_flagos(tmp_path: Path):
     require_cupti_and_gpu()
     flagos = aten_sequence(

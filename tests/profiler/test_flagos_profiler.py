@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import torch
 from torch.profiler import ProfilerActivity
 
@@ -13,6 +14,7 @@ from tests.profiler.trace_tools import capture, complete_events, matmul_workload
 CPU = [ProfilerActivity.CPU]
 
 
+@pytest.mark.board
 def test_fallback_ranges_have_durations(tmp_path: Path):
     events = capture(matmul_workload("flagos"), tmp_path, CPU)
     ranges = complete_events(events, "flagos::cpu_fallback")
@@ -40,6 +42,7 @@ def test_stream_ids_in_trace_are_real(tmp_path: Path):
     assert streams == [str(s1.stream_id), str(s2.stream_id), "0"], streams
 
 
+@pytest.mark.board
 def test_compiled_partitions_show_as_named_ranges(tmp_path: Path):
     torch._dynamo.reset()
     model = torch.nn.Sequential(

@@ -7,6 +7,7 @@ installed extension must have been built with the standard the installed torch d
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import runpy
 import sys
@@ -15,7 +16,12 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-flags_mod = runpy.run_path(str(REPO / "torch_fl" / "build_flags.py"))
+# By file, without importing the torch_fl package (whose import needs the built extension); from
+# wherever torch_fl is: the checkout here, the installed library on a board (the board-torch
+# lane ships no torch_fl/ beside its tests).
+flags_mod = runpy.run_path(
+    str(Path(importlib.util.find_spec("torch_fl").origin).parent / "build_flags.py")
+)
 BuildSetupError = flags_mod["BuildSetupError"]
 
 
@@ -32,6 +38,7 @@ def _fake_torch(root: Path, guard: str | None, pybind: bool) -> Path:
     return root
 
 
+@pytest.mark.board
 @pytest.mark.parametrize(
     ("guard", "standard"),
     [("201703L", "c++17"), ("202002L", "c++20"), ("202302L", "c++23"), (None, "c++17")],
@@ -41,6 +48,7 @@ def test_standard_is_read_from_the_headers_guards(tmp_path: Path, guard, standar
     assert flags_mod["required_standard"]([str(root)]) == standard
 
 
+@pytest.mark.board
 def test_installed_torch_and_the_built_extension_agree() -> None:
     """Fails when the extension was built with other flags than the installed torch needs."""
     from torch.utils.cpp_extension import include_paths
@@ -52,10 +60,11 @@ def test_installed_torch_and_the_built_extension_agree() -> None:
     assert built.get("cxx_standard") == needed, (built, needed)
     flags = flags_mod["flags_for"](include_paths(), check_compiler=False)
     assert flags.cxx_standard == needed
-    setup = (REPO / "setup.py").read_text()
+    setup = (REPO / "setup.py").read_text()  # the checkout's (the board gets it too)
     assert '"-std=c++17"' not in setup  # the standard is never hard-coded again
 
 
+@pytest.mark.board
 def test_missing_pybind11_names_the_fix(tmp_path: Path, monkeypatch) -> None:
     root = _fake_torch(tmp_path / "inc", "202002L", pybind=False)
     monkeypatch.setitem(sys.modules, "pybind11", None)  # no pip package either

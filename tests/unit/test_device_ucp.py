@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.support.process import ROOT, run_python
 
 PROBE = (
@@ -18,6 +20,7 @@ PROBE = (
 )
 
 
+@pytest.mark.board
 def test_standin_ucp_library_is_used(standin_ucp_lib: Path, tmp_path: Path):
     stats = tmp_path / "stats.txt"
     done = run_python(

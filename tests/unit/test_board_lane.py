@@ -1,0 +1,170 @@
+"""A lane `on_board` (matrix.yaml's board-torch): where it runs, what the board gets, how the
+farm's bootstrap completes a provisioned board, and the board's wheelhouse pins."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from scripts.farm.board import LIBRARY_DIRS, checkout_tarball
+from scripts.farm.place_flow import provisioned_env
+from scripts.farm.report import PlaceOutcome
+from scripts.lab import images, rootfs, wheelhouse
+from scripts.testmatrix.schema import MatrixError, load, parse
+
+REPO = Path(__file__).resolve().parents[2]
+
+MATRIX = """\
+version: 1
+lanes:
+  on-board:
+    paths: [tests/unit]
+    markers: board
+    on_board: torch
+    timeout: 60
+"""
+
+
+def test_an_on_board_lane_is_handed_to_the_emulated_board_except_on_a_board() -> None:
+    lane = parse(MATRIX, "m.yaml").lanes["on-board"]
+    host = {"arch": "x86_64", "lab": True}
+    assert lane.delegated(host) and lane.missing(host) == []
+    assert lane.missing({**host, "lab": False}) == ["lab"]  # the lab is what a host needs
+    board = {"arch": "aarch64", "lab": False}
+    assert not lane.delegated(board) and lane.missing(board) == []
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "message"),
+    [
+        ("on_board: torch", "on_board: jetson", "on_board names a lab image, one of: board, torch"),
+        ("    markers: board\n", "    kind: ruff\n", "a ruff lane runs here; remove on_board"),
+    ],
+)
+def test_bad_on_board_values_are_named(old: str, new: str, message: str) -> None:
+    with pytest.raises(MatrixError, match=message):
+        parse(MATRIX.replace(old, new), "m.yaml")
+
+
+def test_the_projects_board_torch_lane_selects_marked_tests_of_the_host_lanes() -> None:
+    matrix = load(REPO / "matrix.yaml")
+    lane = matrix.lanes["board-torch"]
+    assert lane.on_board == "torch" and lane.markers == "board"
+    host_paths = {
+        p for name, other in matrix.lanes.items() if name != lane.name for p in other.paths
+    }
+    assert set(lane.paths) <= host_paths  # the same files as the host lanes, never copies
+    cupti = next(e for e in matrix.expectations if "cupti" in e.test)
+    assert "board-torch" in cupti.lanes
+
+
+def test_a_board_with_torch_fl_installed_gets_the_checkout_without_the_library() -> None:
+    names = tarfile.open(fileobj=io.BytesIO(checkout_tarball(REPO, LIBRARY_DIRS))).getnames()
+    assert "tests/unit/test_board_lane.py" in names and "scripts/bootstrap.sh" in names
+    assert not [n for n in names if n.split("/", 1)[0] in LIBRARY_DIRS]
+    full = tarfile.open(fileobj=io.BytesIO(checkout_tarball(REPO))).getnames()
+    assert "torch_fl/__init__.py" in full
+
+
+def _report(tmp_path: Path, env_status: str, lib_status: str) -> PlaceOutcome:
+    steps = [
+        {"name": "torch_env", "before": {"status": "needed", "facts": {}},
+         "after": {"status": env_status, "facts": {"root": "/data/torch-fl/torch-env"}}},
+        {"name": "torch_fl", "before": {"status": lib_status, "facts": {}}, "after": None},
+    ]  # fmt: skip
+    path = tmp_path / "provision.json"
+    path.write_text(json.dumps({"steps": steps}))
+    return PlaceOutcome("p", provision={"report": str(path), "status": "ok"})
+
+
+def test_the_provisioned_environment_is_found_only_when_both_steps_ended_ok(tmp_path) -> None:
+    env = provisioned_env(_report(tmp_path, "ok", "ok"), offline=True)
+    assert env is not None
+    assert (env.venv, env.wheels) == (
+        "/data/torch-fl/torch-env/venv",
+        "/data/torch-fl/torch-env/wheels",
+    )
+    assert provisioned_env(_report(tmp_path, "ok", "ok"), offline=False).wheels == ""
+    assert provisioned_env(_report(tmp_path, "ok", "needed"), offline=True) is None
+    assert provisioned_env(_report(tmp_path, "error", "ok"), offline=True) is None
+    assert provisioned_env(PlaceOutcome("p"), offline=True) is None  # not provisioned
+
+
+def _bootstrap(tmp_path: Path, **knobs: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "SYSTEM": "0", "ZOO": "0", "FARM": "0", **knobs}
+    return subprocess.run(
+        ["bash", str(REPO / "scripts" / "bootstrap.sh")],
+        env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("knobs", "message"),
+    [
+        ({"TORCH": "latest"}, "TORCH=latest is not one of: pin keep"),
+        ({"EXTENSION": "maybe"}, "EXTENSION=maybe is not one of: build installed"),
+        ({"REQUIREMENTS": "nope.txt"}, "REQUIREMENTS=nope.txt: no such file"),
+        (
+            {"TORCH": "keep", "VENV": "/nonexistent/venv"},
+            "TORCH=keep needs an existing environment",
+        ),
+    ],
+)
+def test_bootstrap_refuses_bad_knobs_before_installing_anything(tmp_path, knobs, message) -> None:
+    done = _bootstrap(tmp_path, **knobs)
+    assert done.returncode == 2, done.stderr
+    assert message in done.stderr
+    assert "System packages" not in done.stdout  # nothing ran before the refusal
+
+
+def test_bootstrap_with_an_installed_extension_names_the_fix_when_there_is_none(tmp_path) -> None:
+    """A board venv whose torch imports but which has no torch-fl installed. Its python is a
+    stand-in: the real interpreter, except that torch_fl does not import and pip does nothing."""
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    python = venv / "bin" / "python"
+    python.write_text(
+        "#!/bin/sh\n# stand-in: a venv with torch and without torch-fl\n"
+        'case "$*" in\n'
+        "  *torch_fl*) echo \"ModuleNotFoundError: No module named 'torch_fl'\" >&2; exit 1 ;;\n"
+        '  "-m pip"*) exit 0 ;;\n'
+        "esac\n"
+        f'exec {sys.executable} "$@"\n'
+    )
+    python.chmod(0o755)
+    done = _bootstrap(
+        tmp_path, VENV=str(venv), TORCH="keep", EXTENSION="installed",
+        REQUIREMENTS=str(REPO / "requirements-board.txt"),
+    )  # fmt: skip
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "bootstrap: keeping torch" in done.stdout
+    assert "EXTENSION=installed but" in done.stderr and "No module named 'torch_fl'" in done.stderr
+    assert "fix: provision the board" in done.stderr
+
+
+def test_the_torch_image_is_arm64_sid_with_debians_torch_and_a_compiler() -> None:
+    torch = images.image("torch")
+    assert torch.architectures == ("arm64",) and torch.suite == "sid"
+    assert {"python3-torch", "g++", "python3-dev", "pybind11-dev"} <= set(torch.packages)
+    assert images.CPU_MODEL == "neoverse-n1"  # the boards' A78AE: dot product, no SVE
+    # Each image is its own product; the board image's key is the one it had before images.
+    assert rootfs.inputs("torch") != rootfs.inputs("board")
+    assert "architectures" not in rootfs.inputs("board")
+    with pytest.raises(ValueError, match="unknown lab image 'jetson'; use one of: board, torch"):
+        images.image("jetson")
+
+
+def test_the_wheelhouse_reads_the_images_python_and_the_board_pins() -> None:
+    assert wheelhouse.python_version("3.14.8-1") == "3.14"
+    with pytest.raises(wheelhouse.WheelhouseError, match="cannot read a Python version"):
+        wheelhouse.python_version("")
+    pins = wheelhouse.requirements()
+    assert "pytest==9.2.0" in pins and all("==" in p for p in pins)
+    assert wheelhouse.inputs("3.14", pins) == wheelhouse.inputs("3.14", list(reversed(pins)))
