@@ -233,8 +233,14 @@ class TorchEnv:
             url = shlex.quote(wanted["index_url"])
             steps.append(f"{pip} --index-url {url} --no-deps {shlex.quote(torch)}")
             steps.append(f"{pip}{links} {shlex.quote(torch)}")
-        steps.append(f"{pip}{links} " + " ".join(shlex.quote(w) for w in wanted["wheels"]))
+        pins = " ".join(shlex.quote(w) for w in wanted["wheels"])
         timeout = ctx.config.torch_env.timeout_s
+        if links:
+            # The wheelhouse alone first: an offline board answers every index query only after
+            # pip's retries (seconds per package); a wheelhouse with gaps falls back to the index.
+            steps.append(f"{pip} --no-index{links} {pins} || {pip}{links} {pins}")
+        else:
+            steps.append(f"{pip} {pins}")
         for cmd in steps:
             rc, log = ctx.run_long(self.name, cmd, timeout=timeout)
             if rc != 0:

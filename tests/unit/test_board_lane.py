@@ -20,6 +20,8 @@ from scripts.lab import images, rootfs, wheelhouse
 from scripts.testmatrix.schema import MatrixError, load, parse
 
 REPO = Path(__file__).resolve().parents[2]
+# A test marked `board`: the decorator, or a marked parameter.
+BOARD_MARK = r"^@pytest\.mark\.board$|marks=pytest\.mark\.board\b"
 
 MATRIX = """\
 version: 1
@@ -57,10 +59,17 @@ def test_the_projects_board_torch_lane_selects_marked_tests_of_the_host_lanes() 
     matrix = load(REPO / "matrix.yaml")
     lane = matrix.lanes["board-torch"]
     assert lane.on_board == "torch" and lane.markers == "board"
-    host_paths = {
+    host_dirs = {
         p for name, other in matrix.lanes.items() if name != lane.name for p in other.paths
     }
-    assert set(lane.paths) <= host_paths  # the same files as the host lanes, never copies
+    # the same files as the host lanes, never copies
+    assert all(str(Path(p).parent) in host_dirs for p in lane.paths), lane.paths
+    marked = subprocess.run(
+        ["grep", "-rlE", "--include=test_*.py", BOARD_MARK, "tests"],
+        cwd=REPO, capture_output=True, text=True, check=True,
+    ).stdout.split()  # fmt: skip
+    # A test marked `board` in a file the lane does not list would never run on the board.
+    assert sorted(marked) == sorted(lane.paths)
     cupti = next(e for e in matrix.expectations if "cupti" in e.test)
     assert "board-torch" in cupti.lanes
 
