@@ -45,6 +45,10 @@ class Image:
     repo_sets: tuple[tuple[str, str, tuple[str, ...], bool], ...]
     memory_mb: int
     doc: str
+    # Debian byte-compiles every Python package it installs. Under qemu-user that is most of a
+    # cold build for torch's, sympy's and networkx's thousands of files; without it, the guest
+    # compiles what it imports on first use instead (into its RAM file system, once a boot).
+    byte_compile: bool = True
 
 
 BOARD = Image(
@@ -86,6 +90,7 @@ TORCH = Image(
     # 1.5 GB there, and two compilers against torch's headers need about 1 GB each.
     memory_mb=8192,
     doc="sid arm64 with Debian's python3-torch and a C++ toolchain: torch-fl built and tested",
+    byte_compile=False,
 )
 
 IMAGES = {image.name: image for image in (BOARD, TORCH)}

@@ -83,6 +83,8 @@ def inputs(name: str = BOARD.name) -> dict[str, Any]:
     # valid); every other image adds what sets it apart.
     if img.architectures != BOARD.architectures:
         found["architectures"] = list(img.architectures)
+    if img.byte_compile != BOARD.byte_compile:
+        found["byte_compile"] = img.byte_compile
     return found
 
 
@@ -164,6 +166,24 @@ def pack_cpio(root: Path, out: Path) -> None:
     listing.unlink()
 
 
+# Where py3compile waits while the packages install without byte-compiling (a local dpkg
+# diversion: the package's own file lands there, and goes back before the image is packed).
+_PY3COMPILE_ASIDE = "/usr/bin/py3compile.torch-fl-lab"
+
+
+def _hooks(img: Image) -> list[str]:
+    """mmdebstrap hooks the image's recipe needs."""
+    if img.byte_compile:
+        return []
+    divert = f"dpkg-divert --quiet --local --rename --divert {_PY3COMPILE_ASIDE}"
+    return [
+        # After the essential packages, before the rest: their postinst scripts skip
+        # py3compile when it is not on PATH.
+        f'--essential-hook=chroot "$1" {divert} --add /usr/bin/py3compile',
+        f'--customize-hook=chroot "$1" {divert} --remove /usr/bin/py3compile',
+    ]
+
+
 def build(img: Image, product: Path) -> dict[str, Any]:
     started = time.monotonic()
     ensure_aarch64()
@@ -183,6 +203,7 @@ def build(img: Image, product: Path) -> dict[str, Any]:
         # A mirror may be a dated snapshot (this project's is): sid's Release file then carries a
         # Valid-Until in the past, which apt refuses by default. The signatures still count.
         '--aptopt=Acquire::Check-Valid-Until "false"',
+        *_hooks(img),
         img.suite,
         str(root),
         f"deb {MIRROR} {img.suite} main",

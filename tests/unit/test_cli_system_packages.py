@@ -79,7 +79,7 @@ def test_one_list_for_bootstrap_ci_and_the_matrix_hints() -> None:
     ci = (REPO / ".ci" / "run").read_text()
     assert "apt-get" not in ci, ".ci/run keeps its own package list again"
     assert "SYSTEM=require scripts/bootstrap.sh" in ci
-    assert "--require board-emu,provision" in ci
+    assert "--require board-emu,board-torch,provision" in ci
     bootstrap = (REPO / "scripts" / "bootstrap.sh").read_text()
     assert "scripts/install-system-packages.sh --require" in bootstrap
     groups = system_packages()

@@ -146,9 +146,10 @@ def test_repo_matrix_is_valid_and_has_required_lanes() -> None:
         "provision",
         "lint",
         "board-emu",
+        "board-torch",
     }
     assert needed <= set(m.lanes)
     assert m.lanes["exit-cleanliness"].timeout >= 120
     assert [r.text for r in m.lanes["board-emu"].requires] == ["lab"]
     cupti = [e for e in m.expectations if "test_cupti" in e.test]
-    assert cupti and cupti[0].lanes == ["profiler"]
+    assert cupti and cupti[0].lanes == ["profiler", "board-torch"]
