@@ -76,6 +76,9 @@ TORCH = Image(
     architectures=("arm64",),
     packages=(
         *_BASE,
+        # /init mounts /proc, /sys and /dev/pts: trixie pulls util-linux's mount in, sid does not
+        # (without it torch finds no /proc/cpuinfo and no CPU devices in /sys).
+        "mount",
         "python3-venv",
         # torch-fl builds on the board: the compiler, Python.h, and pybind11 (Debian's torch
         # does not bundle it).

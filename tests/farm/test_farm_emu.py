@@ -90,9 +90,8 @@ def torch_lab(tmp_path: Path):
     ok, why = lab_pkg.capability(image="torch")
     if not ok:
         pytest.fail(f"the farm-emu lane needs the board lab's torch image: {why}")
-    from scripts.lab import rootfs
-
-    rootfs.ensure("torch")  # built by the board-torch lane before this one; else built here
+    # Booted from the cache (`invoke lab.build`, or the board-torch lane before this one);
+    # PrivateLab names the fix when the image is not built yet.
     lab = PrivateLab(tmp_path / "lab", image="torch")
     try:
         yield lab.start()
