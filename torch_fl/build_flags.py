@@ -126,10 +126,31 @@ def compiler_accepts(compiler: str, standard: str) -> str | None:
     return (run.stderr.strip().splitlines() or [f"exit {run.returncode}"])[0]
 
 
+def _system_include_dirs() -> list[str]:
+    """Where the compiler finds headers without -I: a distribution's torch keeps its C++ headers
+    there (Debian's libtorch-dev: /usr/include/ATen), not in torch/include."""
+    found = [sysconfig.get_config_var("INCLUDEDIR") or "/usr/include", "/usr/include"]
+    return list(dict.fromkeys(found))
+
+
+def torch_header_dirs(include_dirs: list[str]) -> list[str]:
+    """torch's include directories (cpp_extension's) and the system's, where torch's own
+    ATen/ATen.h is; BuildSetupError with the fix when it is in none of them."""
+    dirs = list(dict.fromkeys([*include_dirs, *_system_include_dirs()]))
+    if not any((Path(d) / "ATen" / "ATen.h").is_file() for d in dirs):
+        raise BuildSetupError(
+            "torch's C++ headers are missing (no ATen/ATen.h in "
+            f"{', '.join(dirs)}): this torch ships without them. Fix: a distribution's torch "
+            "keeps them in its -dev package (Debian: `apt-get install libtorch-dev`); a pip "
+            "torch has them in torch/include (reinstall it)"
+        )
+    return dirs
+
+
 def flags_for(include_dirs: list[str], check_compiler: bool = True) -> BuildFlags:
     """The build's flags for the torch whose headers are `include_dirs`; BuildSetupError names
     what is missing and its fix."""
-    standard = required_standard(include_dirs)
+    standard = required_standard(torch_header_dirs(include_dirs))
     extra, pybind_note = _pybind11_dirs(include_dirs)
     compiler = _compiler()
     _python_headers()

@@ -65,6 +65,20 @@ def installed(ctx: Context, python: str) -> tuple[dict[str, Any] | None, str]:
     return _tagged(ctx, python, _IMPORT_SNIPPET, "TFL_LIB")
 
 
+def build_error(log: Path) -> str:
+    """The line of a failed build's log that says why: setup.py's own refusal (a missing header
+    or tool, named with its fix), else the compiler's first error, else the generic hint."""
+    try:
+        lines = [ln.strip() for ln in log.read_text(errors="replace").splitlines()]
+    except OSError:
+        lines = []
+    for marker in ("error: cannot build torch_fl", "fatal error:", "error:"):
+        found = next((ln for ln in lines if marker in ln and "subprocess-exited" not in ln), None)
+        if found:
+            return found[:400]
+    return "a C++ compiler, the Python headers and torch's C++ headers are needed there"
+
+
 class TorchFlBuild:
     name = "torch_fl"
     title = "torch-fl built into the board's environment"
@@ -144,8 +158,8 @@ class TorchFlBuild:
         rc, log = ctx.run_long(self.name, cmd, timeout=timeout)
         if rc != 0:
             raise StepError(
-                f"building torch-fl on {ctx.target.name} failed (rc {rc}); see {log} (a C++ "
-                "compiler and the Python headers: prereqs installs build-essential, python3-dev)"
+                f"building torch-fl on {ctx.target.name} failed (rc {rc}): {build_error(log)}; "
+                f"see {log}"
             )
         rc, out, _ = ctx.sh(f"ls {r}/dist/*.whl")
         found = out.split()

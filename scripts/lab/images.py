@@ -80,12 +80,14 @@ TORCH = Image(
         # (without it torch finds no /proc/cpuinfo and no CPU devices in /sys).
         "mount",
         "python3-venv",
-        # torch-fl builds on the board: the compiler, Python.h, and pybind11 (Debian's torch
-        # does not bundle it).
+        # torch-fl builds on the board: the compiler, Python.h, torch's C++ headers (Debian
+        # keeps them in libtorch-dev, under /usr/include) and pybind11 (Debian's torch does not
+        # bundle it).
         "g++",
         "python3-dev",
         "pybind11-dev",
         "python3-torch",
+        "libtorch-dev",
         *_TOOLS,
     ),
     repo_sets=(),

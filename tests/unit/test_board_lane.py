@@ -177,3 +177,20 @@ def test_the_wheelhouse_reads_the_images_python_and_the_board_pins() -> None:
     pins = wheelhouse.requirements()
     assert "pytest==9.2.0" in pins and all("==" in p for p in pins)
     assert wheelhouse.inputs("3.14", pins) == wheelhouse.inputs("3.14", list(reversed(pins)))
+
+
+def test_a_failed_board_build_names_its_cause(tmp_path: Path) -> None:
+    from provision.steps.torch_fl_build import build_error
+
+    log = tmp_path / "torch_fl.log"
+    log.write_text(
+        "  error: subprocess-exited-with-error\n"
+        "  csrc/aten/cpu_alias.h:9:10: fatal error: ATen/core/Tensor.h: No such file or directory\n"
+    )
+    assert build_error(log).endswith("fatal error: ATen/core/Tensor.h: No such file or directory")
+    log.write_text(
+        "x\nerror: cannot build torch_fl against torch 2.14.1: torch's C++ headers are missing\n"
+        "y: fatal error: z\n"
+    )
+    assert "libtorch" not in build_error(log) and "cannot build torch_fl" in build_error(log)
+    assert "torch's C++ headers" in build_error(tmp_path / "absent.log")

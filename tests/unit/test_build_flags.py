@@ -55,7 +55,8 @@ def test_installed_torch_and_the_built_extension_agree() -> None:
 
     import torch_fl
 
-    needed = flags_mod["required_standard"](include_paths())
+    # Debian's torch keeps its headers under /usr/include, not in include_paths()'s torch/include.
+    needed = flags_mod["required_standard"](flags_mod["torch_header_dirs"](include_paths()))
     built = json.loads((Path(torch_fl.__file__).parent / "_build_config.json").read_text())
     assert built.get("cxx_standard") == needed, (built, needed)
     flags = flags_mod["flags_for"](include_paths(), check_compiler=False)
@@ -65,6 +66,21 @@ def test_installed_torch_and_the_built_extension_agree() -> None:
 
 
 @pytest.mark.board
+def test_torch_headers_are_found_where_a_distribution_keeps_them(tmp_path: Path, monkeypatch):
+    find = flags_mod["torch_header_dirs"]
+    system = tmp_path / "usr-include"
+    system.mkdir()
+    monkeypatch.setitem(find.__globals__, "_system_include_dirs", lambda: [str(system)])
+    bare = tmp_path / "torch-include"  # a torch/include without the headers (Debian's)
+    bare.mkdir()
+    with pytest.raises(BuildSetupError, match="no ATen/ATen.h in .*apt-get install libtorch-dev"):
+        find([str(bare)])
+    _fake_torch(system, "202002L", pybind=False)  # libtorch-dev installed: /usr/include/ATen
+    dirs = find([str(bare)])
+    assert dirs == [str(bare), str(system)]
+    assert flags_mod["required_standard"](dirs) == "c++20"
+
+
 def test_missing_pybind11_names_the_fix(tmp_path: Path, monkeypatch) -> None:
     root = _fake_torch(tmp_path / "inc", "202002L", pybind=False)
     monkeypatch.setitem(sys.modules, "pybind11", None)  # no pip package either
@@ -77,6 +93,7 @@ def test_missing_pybind11_names_the_fix(tmp_path: Path, monkeypatch) -> None:
     assert find([str(bundled)]) == ((), "pybind11: bundled with torch")
 
 
+@pytest.mark.board
 def test_missing_compiler_names_the_fix(tmp_path: Path, monkeypatch) -> None:
     root = _fake_torch(tmp_path / "inc", "201703L", pybind=True)
     monkeypatch.setenv("CXX", "no-such-compiler-x")
