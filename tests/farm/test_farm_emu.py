@@ -84,6 +84,11 @@ def test_lab_and_x86_board_provision_and_test_in_parallel(
         assert "acquired: None" in farm.client.show(name)
 
 
+# The board's environment and torch-fl; build_verify (a compile under both executors) is left to
+# the board-torch lane, whose own provisioning runs it, and whose tests compile under both too.
+FARM_STEPS = "torch_env,torch_fl"
+
+
 @pytest.fixture
 def torch_lab(tmp_path: Path):
     """A private emulated board booted from the lab's `torch` image (sid's torch)."""
@@ -107,7 +112,6 @@ def test_farm_test_bootstrap_runs_board_torch_on_the_emulated_board(
     built there), bootstrap completes it, and the board-torch lane runs there."""
     from provision import config, scratch
     from scripts.lab import cache, rootfs, wheelhouse
-    from scripts.testmatrix.board_lane import STEPS
 
     lab = torch_lab
     meta = cache.metadata(rootfs.cached("torch").parent)
@@ -132,7 +136,7 @@ def test_farm_test_bootstrap_runs_board_torch_on_the_emulated_board(
     out = tmp_path / "out"
     res = farm_cli(
         "test", "--farm-config", str(cfg), "--place", "rdk-torch", "--lane", "board-torch",
-        "--only", STEPS, "--artifacts", str(house), "--out", str(out), "--config",
+        "--only", FARM_STEPS, "--artifacts", str(house), "--out", str(out), "--config",
         str(_no_skips(tmp_path)), timeout=2700,
     )  # fmt: skip
     assert res.returncode == 0, res.stdout[-6000:] + res.stderr[-2000:]
