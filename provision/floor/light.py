@@ -15,7 +15,21 @@ import threading
 from pathlib import Path
 from types import ModuleType
 
-PACKAGE_DIR = Path(__file__).resolve().parents[2] / "torch_fl"
+
+def _package_dir() -> Path:
+    """This checkout's torch_fl/, else the installed package's directory (found without
+    importing it): a board's lanes run from a checkout shipped without torch_fl/, beside the
+    library its provisioning installed (docs/farm.md)."""
+    beside = Path(__file__).resolve().parents[2] / "torch_fl"
+    if beside.is_dir():
+        return beside
+    spec = importlib.util.find_spec("torch_fl")
+    if spec is not None and spec.origin:
+        return Path(spec.origin).parent
+    return beside  # neither: path_of names the missing file when it is loaded
+
+
+PACKAGE_DIR = _package_dir()
 LIGHT = (
     "targets",
     "atomic",

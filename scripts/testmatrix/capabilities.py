@@ -221,6 +221,15 @@ def ruff_version() -> str | None:
     return match.group(1) if match else None
 
 
+def torch_fl_ext_built() -> bool:
+    """The extension is built: in this checkout, or (a board's lanes, run from a checkout
+    without torch_fl/) in the installed package, found without importing it."""
+    if (REPO_ROOT / "torch_fl").is_dir():
+        return bool(glob.glob(str(REPO_ROOT / "torch_fl" / "_C*.so")))
+    spec = importlib.util.find_spec("torch_fl")
+    return bool(spec and spec.origin and glob.glob(str(Path(spec.origin).parent / "_C*.so")))
+
+
 def detect(only: set[str] | None = None) -> dict[str, Any]:
     """Probe every capability (or those in `only`); values are plain JSON types."""
     want = (lambda name: True) if only is None else (lambda name: name in only)
@@ -232,7 +241,7 @@ def detect(only: set[str] | None = None) -> dict[str, Any]:
         "cuda_device": lambda: cuda_device_count() > 0,
         "sshd": lambda: sshd_path() is not None,
         "qemu_system_aarch64": lambda: shutil.which("qemu-system-aarch64") is not None,
-        "torch_fl_ext": lambda: bool(glob.glob(str(REPO_ROOT / "torch_fl" / "_C*.so"))),
+        "torch_fl_ext": torch_fl_ext_built,
         "ruff": ruff_version,
         "xdist": lambda: importlib.util.find_spec("xdist") is not None,
         "box64": box64_version,
