@@ -39,25 +39,15 @@ try:
     res["max_abs_err"] = float((out - ref).abs().max())
     res["cosine"] = float(torch.nn.functional.cosine_similarity(
         out.flatten().double(), ref.flatten().double(), dim=0))
-    executor = "unknown (torch_fl.bpu.explain not available)"
+    # What ran the partitions (hbm on a board with its runtime, sim, eager), from explain()'s
+    # report of the compiled model on the same input.
     try:
         import torch_fl.bpu as bpu
-        explain = getattr(bpu, "explain", None)
+        with torch.no_grad():
+            report = bpu.explain(compiled, x)
+        executor = ", ".join(sorted({p.executor for p in report.partitions})) or "no partition"
     except Exception as exc:
-        explain = None
-        executor = "unknown (torch_fl.bpu import failed: %s)" % exc
-    if callable(explain):
-        for args in ((compiled,), (net, x), ()):
-            try:
-                info = explain(*args)
-            except TypeError:
-                continue
-            except Exception as exc:
-                info = "explain failed: %s" % exc
-            if isinstance(info, dict):
-                info = info.get("executor", info)
-            executor = str(info)[:300]
-            break
+        executor = "unknown (explain failed: %s)" % str(exc)[:200]
     res["executor"] = executor
     res["ok"] = res["cosine"] >= __MIN_COSINE__
 except Exception:

@@ -194,3 +194,23 @@ def test_a_failed_board_build_names_its_cause(tmp_path: Path) -> None:
     )
     assert "libtorch" not in build_error(log) and "cannot build torch_fl" in build_error(log)
     assert "torch's C++ headers" in build_error(tmp_path / "absent.log")
+
+
+def test_the_harness_runs_from_a_checkout_without_the_library(tmp_path: Path) -> None:
+    """What the board gets: the floor's light modules and the extension's capability come from
+    the installed torch_fl (here: this environment's), not from the missing torch_fl/."""
+    with tarfile.open(fileobj=io.BytesIO(checkout_tarball(REPO, LIBRARY_DIRS))) as tar:
+        tar.extractall(tmp_path, filter="data")
+    code = (
+        "from provision.floor import light; from scripts.testmatrix import capabilities as c; "
+        "print(light.PACKAGE_DIR); print(light.load('atomic').__name__); "
+        "print(c.torch_fl_ext_built())"
+    )
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    package, module, ext = done.stdout.split()
+    assert not Path(package).is_relative_to(tmp_path) and (Path(package) / "atomic.py").is_file()
+    assert module == "_torch_fl_light.atomic" and ext == "True"
