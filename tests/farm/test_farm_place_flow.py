@@ -12,6 +12,7 @@ import pytest
 
 from provision import config
 from scripts.farm import place_flow
+from scripts.farm.board import LIBRARY_DIRS, BoardEnv
 from scripts.farm.job import FarmJob
 from scripts.farm.report import PlaceOutcome, tag_contradictions
 
@@ -38,11 +39,13 @@ class Board:
         if name == self.fail_in:
             raise OSError(f"{name} broke")
 
-    def ship_checkout(self, root):
+    def ship_checkout(self, root, without=()):
         self._call("ship_checkout")
+        self.without = without
 
-    def setup(self, mode, board_python):
+    def setup(self, mode, board_python, board_env=None):
         self._call("setup")
+        self.board_env = board_env
         return "python3", {}
 
     def run_lanes(self, python, env, lanes, matrix_file, timeout):
@@ -50,7 +53,7 @@ class Board:
 
     def fetch(self, dest):
         self._call("fetch")
-        return {"junit": [dest / "unit.xml"], "logs": [], "summary": self.summary}
+        return {"junit": [dest / "unit.xml"], "logs": [], "summary": self.summary, "results": []}
 
 
 @pytest.fixture
@@ -60,14 +63,14 @@ def flow(tmp_path, monkeypatch):
 
     def make(*, network=NET, power=False, answers=True, recovers=False, status="ok",
              facts=None, tags=None, lanes=("unit",), provision=True, summary="ok",
-             fail_in=""):  # fmt: skip
+             fail_in="", report=None):  # fmt: skip
         info = {"tags": tags or {}, "power": power, "serial": False, "network": network}
         monkeypatch.setattr(place_flow.power, "answers", lambda a, p: answers)
         monkeypatch.setattr(
             place_flow.power, "recover", lambda *a: calls.append("recover") or recovers
         )
         result = SimpleNamespace(status=status, error="no route", facts=facts or {},
-                                 to_json=lambda: {"status": status})  # fmt: skip
+                                 to_json=lambda: {"status": status, "report": report})  # fmt: skip
         monkeypatch.setattr(
             place_flow, "provision_host", lambda *a, **k: calls.append("provision") or result
         )
@@ -86,6 +89,7 @@ def flow(tmp_path, monkeypatch):
             provision_cfg=config.load(), selected_steps=[], provision=provision, lanes=list(lanes),
         )  # fmt: skip
         ctx = place_flow.PlaceContext(job, PlaceOutcome("b0"), Client(info), "b0", lambda m: None)
+        ctx.fake_board = board
         return ctx, calls
 
     return make
@@ -226,3 +230,19 @@ def test_ship_cache_puts_the_bpu_cache_on_the_board_before_its_lanes(flow, tmp_p
     assert after == ["ship_checkout", "put", "run", "setup", "run_lanes", "fetch", "close"]
     shipped = board_home / ".cache" / "torch-fl" / "bpu" / "artifacts" / ("a" * 64)
     assert sorted(p.name for p in shipped.iterdir()) == ["manifest.json", "model.hbm"]
+
+
+def test_a_board_provisioned_with_torch_fl_tests_the_installed_library(flow, tmp_path):
+    """Provisioning made the board's environment: bootstrap completes it and the checkout goes
+    without the library's sources; otherwise the whole checkout and a bootstrap of its own."""
+    report = tmp_path / "provision.json"
+    steps = [{"name": n, "before": {"status": "ok", "facts": {"root": "/p/torch-env"}}}
+             for n in ("torch_env", "torch_fl")]  # fmt: skip
+    report.write_text(json.dumps({"steps": steps}))
+    ctx, calls = flow(report=str(report))
+    assert place_flow.drive(ctx).ok
+    assert ctx.fake_board.without == LIBRARY_DIRS
+    assert ctx.fake_board.board_env == BoardEnv("/p/torch-env/venv", "")  # no --artifacts
+    plain, _ = flow()
+    assert place_flow.drive(plain).ok
+    assert plain.fake_board.without == () and plain.fake_board.board_env is None
