@@ -78,7 +78,10 @@ def build(c, page_size=None, image=None):
     if page_size is not None and not page_size.strip():
         raise bad_flag("--page-size", page_size, "use 64k or 16k (or leave the flag out)")
     page_size = page_size or lab.DEFAULT_PAGE_SIZE
-    names = split_names(image) or sorted(images.IMAGES)
+    names = split_names(image)
+    if image and not names:  # `--image "$UNSET"`: a mistake, never "every image"
+        raise bad_flag("--image", ",".join(image), f"use {', '.join(sorted(images.IMAGES))}")
+    names = names or sorted(images.IMAGES)
     unknown = [n for n in names if n not in images.IMAGES]
     if unknown:
         raise bad_flag("--image", ",".join(unknown), f"use {', '.join(sorted(images.IMAGES))}")

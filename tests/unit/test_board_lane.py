@@ -214,3 +214,20 @@ def test_the_harness_runs_from_a_checkout_without_the_library(tmp_path: Path) ->
     package, module, ext = done.stdout.split()
     assert not Path(package).is_relative_to(tmp_path) and (Path(package) / "atomic.py").is_file()
     assert module == "_torch_fl_light.atomic" and ext == "True"
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["lab.build", "--image", ""], "--image '': use board, torch"),
+        (["lab.build", "--image", "torch,jetson"], "--image 'jetson': use board, torch"),
+        (["lab.up", "--image", "jetson"], "--image 'jetson': use one of board, torch"),
+    ],
+)
+def test_lab_tasks_refuse_an_unknown_or_empty_image_before_building(argv, message) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "invoke", *argv], cwd=REPO, capture_output=True, text=True,
+        timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert message in done.stderr
