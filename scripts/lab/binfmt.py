@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import threading
 from pathlib import Path
 
 BINFMT = Path("/proc/sys/fs/binfmt_misc")
@@ -52,7 +53,17 @@ def can_register() -> tuple[bool, str]:
     return True, ""
 
 
+# Two images built side by side (`invoke lab.build`) both come here first: one registers, the
+# other waits and finds it registered (a second write of the rule fails with EEXIST).
+_REGISTERING = threading.Lock()
+
+
 def ensure_aarch64() -> None:
+    with _REGISTERING:
+        _ensure_aarch64()
+
+
+def _ensure_aarch64() -> None:
     if aarch64_registered():
         return
     ok, why = can_register()
