@@ -56,6 +56,7 @@ def _run_py(
     )  # fmt: skip
 
 
+@pytest.mark.board  # deploy on the board: export there, load, and run.py with no torch
 def test_export_load_and_run_without_torch(tmp_path: Path) -> None:
     model, x, samples = _net()
     path = bpu.export(model, x, path=tmp_path / "net.bundle", samples=samples, name="net")
@@ -100,6 +101,7 @@ def test_with_hbdk4_the_bundle_carries_the_hbm_and_runs_on_hbm_runtime(tmp_path,
         np.testing.assert_allclose(a["output_0"], b["output_0"], rtol=0, atol=1e-6)
 
 
+@pytest.mark.board
 def test_corrupt_or_partial_bundle_is_refused_naming_the_file(tmp_path: Path) -> None:
     model, x, samples = _net()
     path = bpu.export(model, x, path=tmp_path / "b", samples=samples)
