@@ -163,19 +163,23 @@ def provision(ctx: PlaceContext) -> str | Stop:
     return "ship"
 
 
+def provision_steps(outcome: PlaceOutcome) -> dict[str, tuple[dict[str, Any], Any]]:
+    """{step: (its last check: after its apply, or the first when nothing was needed; its
+    duration)} from this run's provisioning report ({} without one)."""
+    path = (outcome.provision or {}).get("report")
+    if not path or not Path(path).is_file():
+        return {}
+    steps = json.loads(Path(path).read_text()).get("steps", [])
+    return {
+        s.get("name"): (s.get("after") or s.get("before") or {}, s.get("duration_s")) for s in steps
+    }
+
+
 def provisioned_env(outcome: PlaceOutcome, offline: bool) -> BoardEnv | None:
     """The board's torch-fl environment when this run's provisioning made or checked it (its
     torch_env and torch_fl steps ended ok), else None."""
-    path = (outcome.provision or {}).get("report")
-    if not path or not Path(path).is_file():
-        return None
-    steps = {s.get("name"): s for s in json.loads(Path(path).read_text()).get("steps", [])}
-
-    def final(name: str) -> dict[str, Any]:
-        step = steps.get(name) or {}
-        return step.get("after") or step.get("before") or {}
-
-    env, lib = final("torch_env"), final("torch_fl")
+    steps = provision_steps(outcome)
+    env, lib = (steps.get(name, ({}, None))[0] for name in ("torch_env", "torch_fl"))
     root = (env.get("facts") or {}).get("root")
     if env.get("status") != "ok" or lib.get("status") != "ok" or not root:
         return None

@@ -217,11 +217,6 @@ def build(img: Image, product: Path) -> dict[str, Any]:
         raise RuntimeError(f"mmdebstrap failed (rc {rc}); log {log}:\n{tail}")
     shutil.move(str(product / "repo-staging"), str(root / REPO_DIR))
     _adjust(root)
-    box64 = subprocess.run(
-        ["dpkg-query", f"--admindir={root}/var/lib/dpkg", "-W", "-f=${Version}", "box64"],
-        capture_output=True,
-        text=True,
-    ).stdout
     versions = _versions(root, ("box64", "python3", "python3-torch"))
     _log("packing initramfs")
     pack_cpio(root, product / "rootfs.cpio.gz")
@@ -229,7 +224,7 @@ def build(img: Image, product: Path) -> dict[str, Any]:
     return {
         "image": img.name,
         "versions": versions,
-        "box64_preinstalled": box64,
+        "box64_preinstalled": versions["box64"],
         "repo_debs": repo_debs,
         "build_s": round(time.monotonic() - started, 1),
     }

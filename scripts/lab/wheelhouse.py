@@ -67,3 +67,12 @@ def ensure(python: str, pins: list[str]) -> Path:
         "wheelhouse", inputs(python, pins), lambda tmp: _download(tmp, python, pins)
     )
     return product
+
+
+def for_image(image_meta: dict[str, Any]) -> tuple[Path, str]:
+    """(wheelhouse, Python version) for a built image (its product.json): provisioning's pins
+    for the board's environment plus requirements-board.txt, for the image's Python."""
+    from provision import config
+
+    python = python_version(image_meta.get("versions", {}).get("python3", ""))
+    return ensure(python, [*config.load().torch_env.wheels, *requirements()]), python

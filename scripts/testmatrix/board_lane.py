@@ -15,7 +15,6 @@ does not boot), that is this lane's infra-error, named.
 
 from __future__ import annotations
 
-import json
 import shutil
 import sys
 import time
@@ -78,12 +77,9 @@ def _products(page_size: str, image: str, log: _Log) -> tuple[Path, dict]:
 
 
 def _wheelhouse(meta: dict, log: _Log) -> Path:
-    from provision import config
     from scripts.lab import wheelhouse
 
-    python = wheelhouse.python_version(meta.get("versions", {}).get("python3", ""))
-    pins = [*config.load().torch_env.wheels, *wheelhouse.requirements()]
-    house = wheelhouse.ensure(python, pins)
+    house, python = wheelhouse.for_image(meta)
     log(f"wheelhouse for Python {python} aarch64: {len(list(house.glob('*.whl')))} wheels")
     return house
 
@@ -187,13 +183,10 @@ def run_on_emulated_board(lane: Lane, root: Path, matrix_file: Path, outputs, st
 
 
 def _write_provision_summary(outcome, log: _Log) -> None:
-    report = (outcome.provision or {}).get("report")
-    if not report or not Path(report).is_file():
-        return
-    doc = json.loads(Path(report).read_text())
-    for step in doc.get("steps", []):
-        final = step.get("after") or step.get("before") or {}
-        log(f"  provision {step.get('name')}: {final.get('status')} in {step.get('duration_s')}s")
+    from scripts.farm.place_flow import provision_steps
+
+    for name, (check, duration) in provision_steps(outcome).items():
+        log(f"  provision {name}: {check.get('status')} in {duration}s")
 
 
 def _classify(result: LaneResult, records: list[dict], outcome) -> None:

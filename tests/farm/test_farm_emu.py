@@ -110,13 +110,11 @@ def test_farm_test_bootstrap_runs_board_torch_on_the_emulated_board(
     """`invoke farm.test` with its default `--setup bootstrap`, end to end on the emulated 64 KB
     board: provisioning makes the board's environment (Debian's torch, the wheelhouse, torch-fl
     built there), bootstrap completes it, and the board-torch lane runs there."""
-    from provision import config, scratch
+    from provision import scratch
     from scripts.lab import cache, rootfs, wheelhouse
 
     lab = torch_lab
-    meta = cache.metadata(rootfs.cached("torch").parent)
-    python = wheelhouse.python_version(meta["versions"]["python3"])
-    house = wheelhouse.ensure(python, [*config.load().torch_env.wheels, *wheelhouse.requirements()])
+    house, _ = wheelhouse.for_image(cache.metadata(rootfs.cached("torch").parent))
     farm = farm_factory(
         [Board("rdk-torch", "127.0.0.1", lab.port, "root",
                {"board": "rdk-emu", "arch": "aarch64", "pagesize": EXPECTED_PAGE})]

@@ -127,10 +127,11 @@ def _bootstrap(tmp_path: Path, **knobs: str) -> subprocess.CompletedProcess:
     ],
 )
 def test_bootstrap_refuses_bad_knobs_before_installing_anything(tmp_path, knobs, message) -> None:
-    done = _bootstrap(tmp_path, **knobs)
+    venv = tmp_path / "venv"
+    done = _bootstrap(tmp_path, **{"VENV": str(venv), **knobs})
     assert done.returncode == 2, done.stderr
     assert message in done.stderr
-    assert "System packages" not in done.stdout  # nothing ran before the refusal
+    assert not venv.exists() and "creating" not in done.stdout  # refused before anything ran
 
 
 def test_bootstrap_with_an_installed_extension_names_the_fix_when_there_is_none(tmp_path) -> None:
