@@ -260,6 +260,7 @@ def measure(name: str, batch: int, threads: list[int], iters: int, peers: dict) 
                 "speedup_vs_eager": {k: round(lat["eager"] / v, 2) for k, v in lat.items()},
                 "ratios": {k: round(lat[peer] / lat["sim"], 3) for k, peer in TARGETS.items()},
                 "partitions": len(runtimes),
+                "sim_threads": [r.entry.sim_threads for r in runtimes],
             }
             row["targets"] = {k: v >= 1.0 for k, v in row["ratios"].items()}
             if batch == 1 and n == 1 and runtimes:

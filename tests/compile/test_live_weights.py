@@ -225,10 +225,11 @@ class Wide(nn.Module):
 
 def _wide_compiled(threads: int = 1):
     """A compiled Wide after its first call: (model, input, compiled, its runtime, output).
-    One ORT thread: a CPU stays free for the checker thread."""
+    One ORT thread: a CPU stays free for the checker thread. Exactly `threads` (not the
+    measured choice among 1..threads)."""
     model = Wide().eval()
     x = torch.randn(4, 512)
-    compiled = compile_bpu(model, executor="sim", sim_threads=threads)
+    compiled = compile_bpu(model, executor="sim", sim_threads=threads, sim_thread_choice="fixed")
     with report.collect() as reps, torch.no_grad():
         before = compiled(x)
     return model, x, compiled, reps[0].runtimes[0], before

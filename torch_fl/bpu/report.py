@@ -42,6 +42,9 @@ class PartitionEntry:
     """int8 vs float on the calibration samples (cosine, saturated/zeroed %), once calibrated."""
     sim_kernels: dict | None = None
     """sim executor only: {"path": u8s8|u8u8|float, "reason": why this CPU got it}."""
+    sim_threads: dict | None = None
+    """sim executor only: {"threads": ORT intra-op threads, "reason": why, "times_ms": the
+    median per call at each count measured (runtime/sim_threads.py), or None}."""
     calibration: dict | None = None
     """{"state": calibrated|uncalibrated|float, "source": where the scales came from}; set on
     the first call of an int8 partition."""
@@ -137,6 +140,7 @@ class Report:
         for section in (
             self._partition_rows,
             self._kernel_lines,
+            self._thread_lines,
             self._calibration_lines,
             self._break_lines,
             self._health_lines,
@@ -166,6 +170,15 @@ class Report:
             if p.sim_kernels and p.executor == "sim"
         }
         return [f"sim kernels: {path} ({why})" for path, why in sorted(kernels)]
+
+    def _thread_lines(self) -> list[str]:
+        return [
+            f"sim threads: graph {g.graph_id} part {p.id}: {p.sim_threads['threads'] or 'ORT default'}"
+            f" ({p.sim_threads['reason']})"
+            for g in self.graphs
+            for p in g.partitions
+            if p.sim_threads and p.executor == "sim"
+        ]
 
     def _calibration_lines(self) -> list[str]:
         calibrations = [(g.graph_id, p) for g in self.graphs for p in g.partitions if p.calibration]

@@ -28,6 +28,7 @@ CALIB_METHODS = ("max", "percentile", "kl", "mse", "auto")
 ON_STALE = ("recompile", "eager")
 SIM_WEIGHTS = ("live", "checked")
 SIM_KERNELS = ("auto", "u8s8", "mixed", "u8u8", "float")
+SIM_THREAD_CHOICE = ("measured", "fixed")
 REPORT_FORMATS = ("none", "table", "json")
 COMPILE_ARTIFACT = ("auto", "always", "never")
 
@@ -339,9 +340,20 @@ class BpuSettings:
     sim_threads: int = _option(
         0,
         _int_in(0, max_sim_threads),
-        "an integer in [0, 4 x CPUs] (0 = ORT's default)",
-        "ONNX Runtime intra-op threads for the sim executor; 0 = ORT's default.",
+        "an integer in [0, 4 x CPUs] (0 = every CPU / ORT's default)",
+        "ONNX Runtime intra-op threads for the sim executor: the most it may use with "
+        "sim_thread_choice='measured' (0: every CPU this process may run on), exactly that many "
+        "with 'fixed' (0: ORT's default).",
         "FLAGOS_BPU_SIM_THREADS",
+    )
+    sim_thread_choice: str = _option(
+        "measured",
+        _choice(SIM_THREAD_CHOICE),
+        "|".join(SIM_THREAD_CHOICE),
+        "`measured`: on its first call each sim partition times its session at 1, half and all "
+        "of sim_threads threads, adds the weight check where a count leaves no CPU free for it, "
+        "and keeps the fastest (explain() shows the times). `fixed`: exactly sim_threads.",
+        "FLAGOS_BPU_SIM_THREAD_CHOICE",
     )
     sim_weights: str = _option(
         "checked",

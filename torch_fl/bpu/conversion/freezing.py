@@ -87,7 +87,7 @@ def fingerprint(tensor: torch.Tensor, digest=None) -> int:
 class FrozenWeights:
     """The weights one build of a partition baked in, to detect any later change."""
 
-    __slots__ = ("entries", "_digest", "overlap")
+    __slots__ = ("entries", "_digest", "_nbytes", "overlap")
 
     def __init__(
         self, positions: Sequence[int], args: Sequence[torch.Tensor], busy_cpus: int = 1
@@ -109,9 +109,13 @@ class FrozenWeights:
             )
             for pos in positions
         )
-        nbytes = sum(args[pos].numel() * args[pos].element_size() for pos in positions)
-        self.overlap = nbytes >= OVERLAP_BYTES and _usable_cpus() > max(busy_cpus, 1)
+        self._nbytes = sum(args[pos].numel() * args[pos].element_size() for pos in positions)
+        self.overlap = self.can_overlap(busy_cpus)
         """Check beside the call (`check_in_background`) rather than before it."""
+
+    def can_overlap(self, busy_cpus: int) -> bool:
+        """Whether the check runs beside an executor that keeps `busy_cpus` CPUs busy."""
+        return self._nbytes >= OVERLAP_BYTES and _usable_cpus() > max(busy_cpus, 1)
 
     def check_in_background(self, args: Sequence[torch.Tensor]) -> Callable[[], bool]:
         """Start `stale(args)` on the checker thread; the returned function waits for it."""

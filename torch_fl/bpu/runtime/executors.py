@@ -23,6 +23,7 @@ import torch
 
 from torch_fl.bpu.conversion.integer_form import to_integer_form
 from torch_fl.bpu.errors import ArtifactError
+from torch_fl.bpu.runtime import sim_threads
 from torch_fl.bpu.runtime.sim_kernels import KernelChoice
 from torch_fl.host_view import cpu_views, to_device
 
@@ -72,10 +73,15 @@ class SimExecutor:
         runtime_inputs: Sequence[tuple[str, int]] = (),
         weights: Sequence[tuple[str, int]] = (),
         kernels: KernelChoice | None = None,
+        thread_candidates: Sequence[int] = (),
     ) -> None:
-        """`kernels`: the path of runtime/sim_kernels.py (None: float Q/DQ)."""
+        """`kernels`: the path of runtime/sim_kernels.py (None: float Q/DQ). `threads`: the ORT
+        intra-op threads the session opens with (0: ORT's default); `thread_candidates`: the
+        counts `time_threads` measures (runtime/sim_threads.py; empty: `threads` is final)."""
         self.kernels = kernels or KernelChoice("float", "float Q/DQ")
-        self._threads = threads
+        self.threads = threads
+        self.thread_candidates = tuple(thread_candidates)
+        self._trial: dict = {}
         if self.kernels.path != "float":
             try:
                 # the integer form ORT fuses into QLinearConv/QGemm/...; the path was probed
@@ -120,33 +126,57 @@ class SimExecutor:
         return feed
 
     def _open_session(self, onnx_bytes: bytes, fused: bool) -> None:
+        self._bytes, self._fused = onnx_bytes, fused
+        self.session = self._new_session(self.threads)
+        self._pid = os.getpid()
+
+    def _new_session(self, threads: int):
         import onnxruntime as ort
 
         options = ort.SessionOptions()
         options.log_severity_level = 3
-        if not fused:
+        if not self._fused:
             # Q/DQ as explicit rounding steps around float kernels: ORT must not fuse them into
             # integer kernels that may saturate on this CPU (sim_kernels.py).
             options.add_session_config_entry("session.disable_quant_qdq", "1")
-        if self._threads:
-            options.intra_op_num_threads = self._threads
+        if threads:
+            options.intra_op_num_threads = threads
             options.inter_op_num_threads = 1
         # ORT's SkipLayerNormalization kernel (the fusion of Add + LayerNormalization) is slower
         # here than the two ops it replaces: the 4-layer encoder's fused sim session ran 6.72 ms
         # with it and 5.48 ms without (1 thread, AVX512-VNNI EPYC; the same float math)
-        disabled = list(UNFUSED) if fused else []
-        self._open = lambda: ort.InferenceSession(
-            onnx_bytes, options, ["CPUExecutionProvider"], disabled_optimizers=disabled
+        disabled = list(UNFUSED) if self._fused else []
+        return ort.InferenceSession(
+            self._bytes, options, ["CPUExecutionProvider"], disabled_optimizers=disabled
         )
-        self.session = self._open()
-        self._pid = os.getpid()
+
+    def time_threads(self, args: Sequence[torch.Tensor]) -> dict[int, float]:
+        """Median seconds per run of this partition's session on `args` at each of
+        `thread_candidates` (sim_threads.measure); `use_threads` then keeps one."""
+        feed = self._feed(args)
+        self._trial = {
+            n: self.session if n == self.threads else self._new_session(n)
+            for n in self.thread_candidates
+        }
+        names = self.output_names
+        return sim_threads.measure(
+            {n: (lambda s=s: s.run(names, feed)) for n, s in self._trial.items()}
+        )
+
+    def use_threads(self, threads: int) -> None:
+        """Run on `threads` ORT threads from now on (the other trial sessions are dropped)."""
+        session = self._trial.get(threads)
+        self._trial = {}
+        self.session = session if session is not None else self._new_session(threads)
+        self.threads = threads
+        self._run = self.session.run
 
     def _reopen_after_fork(self) -> None:
         """ORT sessions do not survive fork: their thread pools stay in the parent, and
         destroying one in the child joins threads that are not there (a deadlock). The child
         keeps the parent's session object forever and opens its own."""
         _keep_forever(self.session)
-        self.session = self._open()
+        self.session = self._new_session(self.threads)
         self._run = self.session.run
         self._pid = os.getpid()
 
@@ -160,10 +190,13 @@ class SimExecutor:
     def __call__(self, args: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
         if os.getpid() != self._pid:
             self._reopen_after_fork()
+        return tuple(map(torch.from_numpy, self._run(self.output_names, self._feed(args))))
+
+    def _feed(self, args: Sequence[torch.Tensor]) -> dict:
         feed = dict(self._weight_feed(args))
         for name, pos in self._inputs:
             feed[name] = args[pos].detach().numpy()
-        return tuple(map(torch.from_numpy, self._run(self.output_names, feed)))
+        return feed
 
 
 class OnDevice:

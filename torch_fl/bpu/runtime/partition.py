@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextvars
 import logging
-import os
 import warnings
 from collections.abc import Sequence
 from typing import Any
@@ -28,6 +27,7 @@ from torch_fl.bpu.conversion.freezing import FrozenWeights
 from torch_fl.bpu.conversion.qdq import activation_inputs
 from torch_fl.bpu.errors import CalibrationError, StrictModeError
 from torch_fl.bpu.report import PartitionEntry
+from torch_fl.bpu.runtime import sim_threads
 from torch_fl.bpu.runtime.executors import EagerExecutor, Executor, OnDevice
 from torch_fl.bpu.runtime.registry import EXECUTORS, make_executor
 from torch_fl.bpu.settings import BpuSettings
@@ -133,6 +133,7 @@ class PartitionRuntime(torch.nn.Module):
         self._exec = EagerExecutor(self.eager)
         self._frozen = None
         self.entry.sim_kernels = None
+        self.entry.sim_threads = None
         self._set_kind("eager", reason)
 
     def invalidate(self) -> None:
@@ -420,25 +421,52 @@ class PartitionRuntime(torch.nn.Module):
             {"path": kernels.path, "reason": kernels.reason} if kernels is not None else None
         )
         baked = how.baked_weights(settings)
+        inner = getattr(executor, "inner", executor)  # OnDevice: the sim executor inside
         self._frozen = (
-            FrozenWeights(self.spec.frozen_positions, args, _busy_cpus(kind, settings))
-            if baked
-            else None
+            FrozenWeights(self.spec.frozen_positions, args, _busy_cpus(inner)) if baked else None
         )
+        self.entry.sim_threads = _thread_choice(inner, host, args, self._frozen, settings)
         self._set_kind(kind)
 
 
-def _busy_cpus(kind: str, settings: BpuSettings) -> int:
+def _busy_cpus(executor: Executor) -> int:
     """CPUs the executor itself keeps busy: the sim executor's ORT threads (0: ORT's default,
     every CPU), one for the others (the hbm executor waits on the BPU)."""
-    if kind != "sim":
+    if executor.kind != "sim":
         return 1
-    if settings.sim_threads:
-        return settings.sim_threads
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
+    return getattr(executor, "threads", 0) or sim_threads.usable_cpus()
+
+
+def _thread_choice(
+    executor: Executor,
+    host: Sequence[torch.Tensor],
+    args: Sequence[torch.Tensor],
+    frozen: FrozenWeights | None,
+    settings: BpuSettings,
+) -> dict | None:
+    """The sim executor's ORT thread count, measured where it has candidates (sim_threads.py),
+    as explain() shows it; the weight check's overlap follows the count kept."""
+    if executor.kind != "sim":
+        return None
+    candidates = getattr(executor, "thread_candidates", ())
+    if not candidates:
+        why = (
+            "sim_thread_choice='fixed'"
+            if settings.sim_thread_choice == "fixed"
+            else "the only count (sim_threads=1, or one usable CPU)"
+        )
+        return {"threads": executor.threads, "reason": why, "times_ms": None}
+    session_s = executor.time_threads(host)
+    check_s = 0.0
+    if frozen is not None:
+        check_s = sim_threads.measure({0: lambda: frozen.stale(args)}, 2, pause_s=0.0)[0]
+    choice = sim_threads.choose(
+        session_s, check_s, frozen.can_overlap if frozen is not None else (lambda n: True)
+    )
+    executor.use_threads(choice.threads)
+    if frozen is not None:
+        frozen.overlap = frozen.can_overlap(choice.threads)
+    return {"threads": choice.threads, "reason": choice.reason, "times_ms": choice.times_ms}
 
 
 def _has_zero_size(args: Sequence[torch.Tensor], output_shapes: Sequence) -> bool:

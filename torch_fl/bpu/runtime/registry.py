@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from torch_fl.bpu.build import BuildResult, PartitionSpec
 from torch_fl.bpu.errors import ExecutorUnavailableError
-from torch_fl.bpu.runtime import sim_kernels
+from torch_fl.bpu.runtime import sim_kernels, sim_threads
 from torch_fl.bpu.runtime.executors import (
     EagerExecutor,
     Executor,
@@ -50,12 +50,18 @@ def _make_sim(spec: PartitionSpec, settings: BpuSettings, result: BuildResult) -
         kernels = KernelChoice("float", "quantize=False: a float graph")
     else:
         kernels = sim_kernels.choose(settings.sim_kernels)
+    threads, candidates = settings.sim_threads, ()
+    if settings.sim_thread_choice == "measured":
+        # opened at the most it may use; the first call times the others (sim_threads.py)
+        candidates = sim_threads.candidates(threads, sim_threads.usable_cpus())
+        threads = candidates[-1]
     return SimExecutor(
         result.live_bytes if live else result.onnx_bytes,
-        settings.sim_threads,
+        threads,
         list(zip(spec.input_names, spec.runtime_positions, strict=True)),
         list(zip(spec.weight_names, spec.frozen_positions, strict=True)) if live else (),
         kernels,
+        candidates if len(candidates) > 1 else (),
     )
 
 
