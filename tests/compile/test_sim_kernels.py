@@ -455,3 +455,62 @@ def test_erf_gelu_whose_intermediate_is_read_elsewhere_is_kept():
     fast = to_integer_form(reference, "u8s8")
     ops = [n.op_type for n in fast.graph.node]
     assert "Gelu" not in ops and "Erf" in ops
+
+
+def _mean_graph(axes: list[int], keepdims: int = 1, opset: int = 17) -> onnx.ModelProto:
+    """Q -> DQ -> ReduceMean(axes) -> Q -> DQ on a 2x8x7x9 input (axes an attribute before
+    opset 18, an input from it)."""
+    inits = [
+        numpy_helper.from_array(np.array(0.05, np.float32), "s"),
+        numpy_helper.from_array(np.array(0.013, np.float32), "so"),
+        numpy_helper.from_array(np.array(0, np.int8), "z"),
+    ]
+    if opset >= 18:
+        inits.append(numpy_helper.from_array(np.array(axes, np.int64), "axes"))
+        mean = helper.make_node("ReduceMean", ["xd", "axes"], ["m"], keepdims=keepdims)
+    else:
+        mean = helper.make_node("ReduceMean", ["xd"], ["m"], axes=axes, keepdims=keepdims)
+    nodes = [
+        helper.make_node("QuantizeLinear", ["x", "s", "z"], ["xq"]),
+        helper.make_node("DequantizeLinear", ["xq", "s", "z"], ["xd"]),
+        mean,
+        helper.make_node("QuantizeLinear", ["m", "so", "z"], ["mq"]),
+        helper.make_node("DequantizeLinear", ["mq", "so", "z"], ["out"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "mean",
+        [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [2, 8, 7, 9])],
+        [helper.make_tensor_value_info("out", onnx.TensorProto.FLOAT, None)],
+        inits,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    model.ir_version = 10
+    return model
+
+
+@pytest.mark.parametrize(("axes", "opset"), (([-1, -2], 17), ([2, 3], 17), ([3, 2], 18)))
+@pytest.mark.parametrize("path", ("u8s8", "u8u8", "mixed"))
+def test_spatial_mean_runs_as_integer_global_average_pool(axes, opset, path, tmp_path):
+    reference = _mean_graph(axes, opset=opset)
+    fast = to_integer_form(reference, path)
+    ops = [n.op_type for n in fast.graph.node]
+    assert "GlobalAveragePool" in ops and "ReduceMean" not in ops, ops
+    optimized = tmp_path / "optimized.onnx"
+    options = ort.SessionOptions()
+    options.optimized_model_filepath = str(optimized)
+    ort.InferenceSession(fast.SerializeToString(), options, ["CPUExecutionProvider"])
+    assert "QLinearGlobalAveragePool" in {n.op_type for n in onnx.load(optimized).graph.node}
+    feed = {"x": np.random.default_rng(5).uniform(-6.4, 6.3, (2, 8, 7, 9)).astype(np.float32)}
+    (want,) = _session(reference, False).run(None, feed)
+    (got,) = _session(fast, True).run(None, feed)
+    assert got.shape == want.shape == (2, 8, 1, 1)
+    steps = np.abs(np.rint(got / 0.013) - np.rint(want / 0.013))
+    assert steps.max() <= 1  # one integer sum, one rounding: at most a step at an edge
+
+
+@pytest.mark.parametrize(("axes", "keepdims"), (([1], 1), ([-1], 1), ([2, 3], 0), ([1, 2, 3], 1)))
+def test_a_mean_that_is_not_a_spatial_pool_stays_a_mean(axes, keepdims):
+    fast = to_integer_form(_mean_graph(axes, keepdims), "u8s8")
+    ops = [n.op_type for n in fast.graph.node]
+    assert "ReduceMean" in ops and "GlobalAveragePool" not in ops, ops

@@ -19,7 +19,9 @@ And in every path, a Relu or constant-bound Clip between an op and the quantizat
 (op -> Relu -> Q) moves after the quantization as max(q, zero point), or a Clip of the quantized
 values to Q(lo)..Q(hi): quantization is monotone, so it commutes with either exactly, and the op
 then ends in a Q that ORT can fuse; and the exporter's five-node erf GELU becomes one Gelu
-(`fuse_gelu`), which ORT's QDQ pass would otherwise keep from fusing.
+(`fuse_gelu`), which ORT's QDQ pass would otherwise keep from fusing; and a quantized
+ReduceMean over the spatial axes becomes GlobalAveragePool (`pool_means`), which ORT runs as
+an integer kernel.
 """
 
 from __future__ import annotations
@@ -314,6 +316,48 @@ class _Rewriter:
         self._index()
         return len(fused)
 
+    def pool_means(self) -> int:
+        """A ReduceMean over every spatial axis (2..rank-1, keepdims) between a
+        DequantizeLinear and a QuantizeLinear becomes GlobalAveragePool, the same mean, which
+        ORT then fuses with its Q/DQ into QLinearGlobalAveragePool: an exact int32 sum and one
+        requantization instead of a float copy of the whole tensor and a float reduction.
+        Like every fused integer kernel here it rounds once, so an output may differ from the
+        float chain by one step where the mean lies at a rounding edge. MobileNetV3-small's ten
+        squeeze-excitation means took 0.31 ms of its 5.6 ms integer session (1 thread, ORT's
+        profiler) as float ReduceMean, besides their DequantizeLinear copies."""
+        candidates = [
+            node
+            for node in self.model.graph.node
+            if node.op_type == "ReduceMean"
+            and self._single_q_reader(node.output[0])
+            and (self.producer.get(node.input[0]) or onnx.NodeProto()).op_type == "DequantizeLinear"
+            and node.input[0] not in self.inits
+        ]
+        if not candidates:
+            return 0
+        ranks = _ranks(self.model)
+        pooled = 0
+        for node in candidates:
+            rank = ranks.get(node.input[0])
+            attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+            axes = attrs.get("axes")
+            if axes is None and len(node.input) > 1 and node.input[1]:
+                value = constant_value(self.model, node.input[1])
+                axes = None if value is None else [int(a) for a in np.ravel(value)]
+            if rank is None or rank < 3 or axes is None or not attrs.get("keepdims", 1):
+                continue
+            if sorted(a % rank for a in axes) != list(range(2, rank)):
+                continue
+            node.op_type = "GlobalAveragePool"
+            del node.input[1:]
+            del node.attribute[:]
+            pooled += 1
+        return pooled
+
+    def _single_q_reader(self, name: str) -> bool:
+        outputs = {o.name for o in self.model.graph.output}
+        return name not in outputs and self._only_reader(name, "QuantizeLinear") is not None
+
     def _value(self, name: str) -> int:
         init = self.new_inits.get(name) or self.inits.get(name)
         return int(numpy_helper.to_array(init))
@@ -326,6 +370,21 @@ class _Rewriter:
         del graph.initializer[:]
         graph.initializer.extend(kept)
         return self.model
+
+
+def _ranks(model: onnx.ModelProto) -> dict[str, int]:
+    """The rank of each tensor that ONNX shape inference can tell (inputs, value_info)."""
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model)
+    except Exception:  # noqa: BLE001  (no ranks: nothing is rewritten that needs one)
+        inferred = model
+    graph = inferred.graph
+    ranks = {}
+    for info in (*graph.input, *graph.value_info, *graph.output):
+        tensor = info.type.tensor_type
+        if tensor.HasField("shape"):
+            ranks[info.name] = len(tensor.shape.dim)
+    return ranks
 
 
 def _topological(nodes: list[onnx.NodeProto]) -> list[onnx.NodeProto]:
@@ -364,6 +423,7 @@ def to_integer_form(model: onnx.ModelProto, path: str) -> onnx.ModelProto:
     rewriter.shift_activations()
     rewriter.clamp_after_quantize()  # after the shift: the clamp compares with the new zero point
     rewriter.fuse_gelu()
+    rewriter.pool_means()
     if path == "u8u8":
         rewriter.shift_weights()
     elif path == "mixed":
