@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import sys
@@ -48,6 +49,7 @@ from tests.support import ort  # noqa: E402
 from tests.support.pt2e import quantize as pt2e_quantize  # noqa: E402
 from torch_fl.bpu import report  # noqa: E402
 from torch_fl.bpu.conversion import calibration_store  # noqa: E402
+from torch_fl.bpu.runtime import sim_threads  # noqa: E402
 from torch_fl.bpu.runtime.executors import UNFUSED  # noqa: E402
 
 MODELS = ("resnet18", "mobilenetv3", "vit", "transformer_encoder")
@@ -80,18 +82,10 @@ took 64 ms right after the ORT sessions, 7.5 ms alone)."""
 
 
 def _medians(fns: dict[str, Callable], iters: int, settle: float = 0.0) -> dict[str, float]:
-    for fn in fns.values():
-        fn()
-        fn()
-    times: dict[str, list[float]] = {k: [] for k in fns}
-    for _ in range(iters):
-        for key, fn in fns.items():
-            if settle:
-                time.sleep(settle)
-            start = time.perf_counter()
-            fn()
-            times[key].append((time.perf_counter() - start) * 1e3)
-    return {k: statistics.median(v) for k, v in times.items()}
+    """Median ms of each variant: two warm-ups each, then `iters` round-robin rounds (the same
+    interleaved timing a sim partition's thread choice uses, without its budget)."""
+    seconds = sim_threads.measure(fns, iters, math.inf, settle, warmups=2)
+    return {k: v * 1e3 for k, v in seconds.items()}
 
 
 def _ort_session(path_or_bytes, threads: int, optimized: str | None = None, disabled=()):

@@ -39,17 +39,21 @@ def _default_cache_dir() -> str:
     return default_cache_dir()
 
 
+def usable_cpus() -> int:
+    """The CPUs this process may run on (its affinity mask; os.cpu_count() where none)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
 def max_sim_threads() -> int:
     """The most ORT threads a sim executor may ask for: 4 per CPU this process may run on.
 
     More only adds contention; a typo like 99999 made ORT start that many threads and grow by
     gigabytes a minute.
     """
-    try:
-        cpus = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        cpus = os.cpu_count() or 1
-    return 4 * max(cpus, 1)
+    return 4 * max(usable_cpus(), 1)
 
 
 def _parse_bool(value: Any) -> bool:

@@ -1,8 +1,9 @@
 """How many ONNX Runtime threads a sim partition runs on: measured on its first call, not assumed.
 
-More intra-op threads are not always faster. On a 2-vCPU Xeon VM, ORT's own int8 session of a
-4-layer transformer encoder took 14.9 ms at 1 thread and 33.7 ms at 2 (scripts/bench_sim.py); on
-a small graph the pool's hand-offs cost more than the work they split. So with
+More intra-op threads are not always faster. On a 2-vCPU EPYC VM, ORT's own int8 session of a
+4-layer transformer encoder took 11.89 ms at 1 thread and 21.05 ms at 2 (the AVX2 run of
+scripts/bench_sim.py in docs/compile-models.md); on a small graph the pool's hand-offs cost more
+than the work they split. So with
 `sim_thread_choice="measured"` (the default) a sim partition opens its session at each candidate
 count (1, half and all of `sim_threads`; 0: every CPU this process may run on), runs each on the
 partition's first inputs, interleaved so that a noisy neighbour slows all of them alike, and
@@ -13,10 +14,14 @@ added to its runs. `explain()` shows the choice and the times it rests on.
 
 from __future__ import annotations
 
-import os
+import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
+
+from torch_fl.bpu.settings import usable_cpus
+
+__all__ = ["ThreadChoice", "candidates", "choose", "measure", "usable_cpus"]
 
 ROUNDS = 3
 """Timed runs per candidate (after one untimed warm-up each)."""
@@ -42,36 +47,25 @@ class ThreadChoice:
     inside the call (None: not measured)."""
 
 
-def usable_cpus() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
-
-
 def candidates(cap: int, cpus: int) -> tuple[int, ...]:
     """1, half and all of `cap` threads (0: `cpus`), ascending and distinct."""
     most = max(cap or cpus, 1)
     return tuple(sorted({1, max(most // 2, 1), most}))
 
 
-def _median(values: Sequence[float]) -> float:
-    ordered = sorted(values)
-    middle = len(ordered) // 2
-    return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
-
-
 def measure(
-    runs: dict[int, Callable[[], object]],
+    runs: dict[Hashable, Callable[[], object]],
     rounds: int = ROUNDS,
     budget_s: float = BUDGET_S,
     pause_s: float = PAUSE_S,
-) -> dict[int, float]:
-    """Median seconds of each callable: one warm-up each, then rounds of one run each in turn,
-    each after `pause_s` idle."""
+    warmups: int = 1,
+) -> dict[Hashable, float]:
+    """Median seconds of each callable: `warmups` untimed runs each, then rounds of one run
+    each in turn, each after `pause_s` idle, until `rounds` or `budget_s` is spent."""
     for run in runs.values():
-        run()
-    samples: dict[int, list[float]] = {n: [] for n in runs}
+        for _ in range(warmups):
+            run()
+    samples: dict[Hashable, list[float]] = {n: [] for n in runs}
     start = time.perf_counter()
     for _ in range(rounds):
         for n, run in runs.items():
@@ -82,7 +76,7 @@ def measure(
             samples[n].append(time.perf_counter() - t0)
         if time.perf_counter() - start > budget_s:
             break
-    return {n: _median(s) for n, s in samples.items()}
+    return {n: statistics.median(s) for n, s in samples.items()}
 
 
 def choose(
