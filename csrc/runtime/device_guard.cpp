@@ -9,8 +9,6 @@
 namespace torch_fl {
 namespace {
 
-constexpr auto kType = c10::DeviceType::PrivateUse1;
-
 thread_local c10::DeviceIndex tls_device = 0;
 // Stream 0 is the default stream; every new stream gets the next id.
 thread_local c10::StreamId tls_stream = 0;

@@ -12,6 +12,9 @@
 namespace torch_fl {
 
 constexpr c10::DeviceIndex kDeviceCount = 1;
+// The device type every runtime file registers under (one definition: the build may compile
+// several .cpp files as one translation unit, see setup.py).
+constexpr c10::DeviceType kType = c10::DeviceType::PrivateUse1;
 
 c10::DeviceIndex current_device();
 void set_device(c10::DeviceIndex index);

@@ -13,8 +13,6 @@
 namespace torch_fl {
 namespace {
 
-constexpr auto kType = c10::DeviceType::PrivateUse1;
-
 struct FlagosGenerator final : public c10::GeneratorImpl {
   explicit FlagosGenerator(c10::DeviceIndex index, at::Generator cpu)
       : c10::GeneratorImpl(c10::Device(kType, index), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1)),
@@ -137,13 +135,13 @@ struct FlagosHooks final : public at::PrivateUse1HooksInterface {
   }
 };
 
-struct Registrar {
-  Registrar() {
+struct HooksRegistrar {
+  HooksRegistrar() {
     at::RegisterPrivateUse1HooksInterface(new FlagosHooks());
     c10::SetAllocator(kType, &allocator());
   }
 };
-Registrar registrar;
+HooksRegistrar hooks_registrar;
 
 }  // namespace
 

@@ -47,13 +47,13 @@ struct FlagosProfilerStubs final : public torch::profiler::impl::ProfilerStubs {
   void synchronize() const override {}
 };
 
-struct Registrar {
-  Registrar() {
+struct ProfilerStubsRegistrar {
+  ProfilerStubsRegistrar() {
     static FlagosProfilerStubs* stubs = new FlagosProfilerStubs();  // leaked: see allocator
     torch::profiler::impl::registerPrivateUse1Methods(stubs);
   }
 };
-Registrar registrar;
+ProfilerStubsRegistrar profiler_stubs_registrar;
 
 }  // namespace
 }  // namespace torch_fl
