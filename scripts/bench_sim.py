@@ -9,7 +9,7 @@ sim >= ONNX Runtime int8 and sim >= ONNX Runtime fp32 (speed ratios >= 1.0).
 
 The breakdown (batch 1, 1 thread) splits one sim call: the ORT session alone on the fused
 integer graph, the executor (input / output conversion), the partition runtime (the baked-weight
-check of issue 9: identity + XXH3 fingerprint, on the checker thread where a core is free), and
+check of issue 9: identity + content fingerprint, on the checker thread where a core is free), and
 the whole compiled call (Dynamo guards, AOT wrapper); the check alone is timed separately. It also
 counts what ORT runs: fused integer nodes vs float Q/DQ nodes left, after ORT's optimizer.
 

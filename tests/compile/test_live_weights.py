@@ -171,23 +171,31 @@ def test_hbm_on_stale_eager(board):
         assert torch.equal(out, model(x)) and reps[0].runtimes[0].kind == "eager"
 
 
-def test_baked_weight_check_is_bytewise():
+@pytest.mark.parametrize("gil_free", [False, True], ids=["xxh3", "checker-thread"])
+def test_baked_weight_check_is_bytewise(gil_free):
+    """Both fingerprints: XXH3 in the caller's thread, the extension's GIL-free one on the
+    checker thread."""
     from torch_fl.bpu.conversion.freezing import FrozenWeights
 
     w = torch.randn(4, 4)
     w[0, 0] = float("nan")  # NaN != NaN numerically; the bytes are unchanged
     t = torch.randn(4, 4).t()  # non-contiguous
-    args = [torch.randn(2), w, t]
-    frozen = FrozenWeights((1, 2), args)
-    assert not frozen.stale(args)
+    big = torch.randn(300_000)  # over python-xxhash's 64 KB GIL threshold
+    args = [torch.randn(2), w, t, big]
+    frozen = FrozenWeights((1, 2, 3), args)
+    assert not frozen.stale(args, gil_free=gil_free)
     w.detach().numpy()[3, 3] += 1.0  # no version bump
-    assert frozen.stale(args)
-    frozen = FrozenWeights((1, 2), args)
+    assert frozen.stale(args, gil_free=gil_free)
+    frozen = FrozenWeights((1, 2, 3), args)
     t.data.numpy()[0, 1] = 5.0  # through a view of the non-contiguous tensor
-    assert frozen.stale(args)
-    frozen = FrozenWeights((1, 2), args)
+    assert frozen.stale(args, gil_free=gil_free)
+    frozen = FrozenWeights((1, 2, 3), args)
+    big.data.numpy()[-1] *= -1.0  # the last word of a large weight
+    assert frozen.stale(args, gil_free=gil_free)
+    frozen = FrozenWeights((1, 2, 3), args)
+    assert not frozen.stale(args, gil_free=gil_free)
     args[2].data = args[2].data.clone()  # same values, other memory
-    assert frozen.stale(args)
+    assert frozen.stale(args, gil_free=gil_free)
 
 
 def test_live_bias_beyond_int32_raises_its_channel_weight_scale():

@@ -364,7 +364,7 @@ class BpuSettings:
         _choice(SIM_WEIGHTS),
         "|".join(SIM_WEIGHTS),
         "`checked`: weights baked into the sim session (pre-packed for the int8 kernels), each "
-        "one's identity and XXH3-128 content fingerprint checked before every call, and the "
+        "one's identity and 128-bit content fingerprint checked at every call, and the "
         "partition rebuilt (on_stale) when any changed. `live`: the sim graph reads the weights "
         "as inputs and quantizes them on every call (never stale by construction, float kernels "
         "only).",
