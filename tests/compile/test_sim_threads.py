@@ -35,7 +35,14 @@ def test_measure_interleaves_and_bounds_its_rounds():
     times = sim_threads.measure(
         {1: lambda: calls.append(1), 2: lambda: calls.append(2)}, rounds=3, budget_s=10, pause_s=0.0
     )
-    assert calls == [1, 2] * 4 and set(times) == {1, 2}  # one warm-up each, then 3 rounds
+    # one warm-up each, then 3 rounds: each turn an untimed run, then the timed one
+    assert calls == [1, 2] + [1, 1, 2, 2] * 3 and set(times) == {1, 2}
+    calls.clear()
+    sim_threads.measure(
+        {1: lambda: calls.append(1), 2: lambda: calls.append(2)},
+        rounds=2, budget_s=10, pause_s=0.0, turn_warmups=0,
+    )  # fmt: skip
+    assert calls == [1, 2] * 3
     calls.clear()
     sim_threads.measure({1: lambda: calls.append(1)}, rounds=50, budget_s=0.0, pause_s=0.0)
     assert calls == [1, 1]  # the budget spent after the first round: no more rounds

@@ -30,6 +30,13 @@ PAUSE_S = 0.02
 spin only briefly after a run) and pays their wake-up; back-to-back runs do not, and on a 2-vCPU
 VM they made 2 threads look faster while every single call was slower. The pause times what a
 caller sees when its calls have gaps (a camera loop, a request), as scripts/bench_sim.py does."""
+TURN_WARMUPS = 1
+"""Untimed runs of a callable at the start of each of its turns, before the timed one. The first
+run of an ONNX Runtime session right after another session ran is slow: its pool's threads wake
+cold beside the other pool's. Two sessions of MobileNetV3-small (batch 8, 2 threads, 2-vCPU EPYC,
+20 ms between calls) took 4.5 and 8.3 ms alone and 12.8 and 23.4 ms called in turn, and 4.6 and
+8.0 ms in turn with one untimed run first. Without it, whichever candidate followed another
+session was timed cold and lost; a caller running one model in a loop never sees that cost."""
 BUDGET_S = 2.0
 """Measuring stops after the round in which this much time was spent (a slow partition gets
 fewer rounds, never an unbounded first call)."""
@@ -59,9 +66,11 @@ def measure(
     budget_s: float = BUDGET_S,
     pause_s: float = PAUSE_S,
     warmups: int = 1,
+    turn_warmups: int = TURN_WARMUPS,
 ) -> dict[Hashable, float]:
-    """Median seconds of each callable: `warmups` untimed runs each, then rounds of one run
-    each in turn, each after `pause_s` idle, until `rounds` or `budget_s` is spent."""
+    """Median seconds of each callable: `warmups` untimed runs each, then rounds of one turn
+    each in turn, each turn `turn_warmups` untimed runs and one timed run after `pause_s` idle,
+    until `rounds` or `budget_s` is spent."""
     for run in runs.values():
         for _ in range(warmups):
             run()
@@ -69,6 +78,8 @@ def measure(
     start = time.perf_counter()
     for _ in range(rounds):
         for n, run in runs.items():
+            for _ in range(turn_warmups if len(runs) > 1 else 0):
+                run()
             if pause_s:
                 time.sleep(pause_s)
             t0 = time.perf_counter()
