@@ -77,12 +77,9 @@ def _byte_view(tensor: torch.Tensor):
     return dense.reshape(-1).view(torch.uint8).numpy()
 
 
-def _dense_bytes(tensor: torch.Tensor) -> torch.Tensor:
-    """The tensor's bytes as a dense uint8 CPU tensor: a view where it has no gaps, else a copy."""
-    dense = cpu_view(tensor).detach()
-    if not dense.is_contiguous():
-        dense = dense.contiguous()
-    return dense.reshape(-1).view(torch.uint8)
+def _byte_tensor(tensor: torch.Tensor) -> torch.Tensor:
+    """A uint8 CPU tensor view of a dense tensor's memory (no copy), for the extension's hash."""
+    return cpu_view(tensor).detach().reshape(-1).view(torch.uint8)
 
 
 def fingerprint(tensor: torch.Tensor, digest=None) -> int:
@@ -167,7 +164,7 @@ class FrozenWeights:
         # the same dense weights as torch byte views, with the GIL-free fingerprints the checker
         # thread compares
         native_views = tuple(
-            _dense_bytes(t) for t, v in zip(tensors, views, strict=True) if v is not None
+            _byte_tensor(t) for t, v in zip(tensors, views, strict=True) if v is not None
         )
         self._native = (native_views, _C._fingerprints(native_views))
         self._gapped = tuple(
@@ -186,9 +183,9 @@ class FrozenWeights:
     def check_in_background(self, args: Sequence[torch.Tensor]) -> Callable[[], bool]:
         """Start the check of `args` on the checker thread (`stale`, with the GIL-free
         fingerprint); the returned function waits for it."""
-        return _checker().submit(self._stale_unlocked, tuple(args)).result
+        return _checker().submit(self._stale_gil_free, tuple(args)).result
 
-    def _stale_unlocked(self, args: Sequence[torch.Tensor]) -> bool:
+    def _stale_gil_free(self, args: Sequence[torch.Tensor]) -> bool:
         return self.stale(args, gil_free=True)
 
     def stale(self, args: Sequence[torch.Tensor], gil_free: bool = False) -> bool:
