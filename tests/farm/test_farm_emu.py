@@ -104,7 +104,7 @@ def torch_lab(tmp_path: Path):
         lab.stop()
 
 
-# About 20 minutes on a 2-core host (provisioning Debian's torch and torch-fl under TCG, bootstrap,
+# About 11-13 minutes on a 2-core host (provisioning Debian's torch and torch-fl under TCG, bootstrap,
 # the 28-test lane): the same place flow the board-torch lane runs on its own emulated board, so
 # the farm-emu lane leaves it out (`markers` in matrix.yaml) to keep a cold CI run inside its
 # budget; run it with `pytest -m farm_torch_board tests/farm/test_farm_emu.py`.
