@@ -62,7 +62,7 @@ def build_extension():
     cflags += ["-O0", "-g"] if debug else ["-O2", "-g0"]
     sources = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "csrc").rglob("*.cpp"))
     # Fewer compiler jobs than files: each job compiles a share of csrc/ as one unit, parsing
-    # torch's headers once (torch_fl/unity_build.py; 75.6 -> 34.4 s on 2 cores).
+    # torch's headers once (torch_fl/unity_build.py: `invoke build` 37.5-44.0 -> 20.5 s on 2 cores).
     unity = _torch_fl_file("unity_build")
     try:
         jobs = unity["compile_jobs"]()

@@ -1,12 +1,12 @@
 """The C++ sources grouped into as many translation units as the build runs compiler jobs.
 
 Most of a torch extension's compile time is parsing torch's headers, once per translation unit:
-`<torch/library.h>` alone takes 7 s of the compiler, `<ATen/ATen.h>` 13 s, and csrc/'s 11 files
-each parse them again. Where the build has fewer compiler jobs than files (2 cores, and the
+and csrc/'s 12 files each parse them again. Where the build has fewer compiler jobs than files (2 cores, and the
 emulated 64 KB board, where the compiler runs 20 times slower under TCG), every job compiles one
 generated file that `#include`s its share of csrc/, so the headers are parsed once per job, not
-once per file. Measured on the 2-core x86_64 host, `-O2`, 2 jobs: 75.6 s for the 11 files, 34.4 s
-for 2 grouped units. With a job per file (16 cores) nothing is grouped.
+once per file. `invoke build` from an empty build/ on the 2-core x86_64 host (AMD EPYC, idle,
+twice each): 37.5 and 44.0 s with a unit per file (MAX_JOBS=12), 20.4 and 20.6 s as 2 grouped
+units. With a job per file (12 cores or more) nothing is grouped.
 
 The sources share one namespace per unit, so file-local names must differ across files
 (csrc/runtime/device_guard.h holds the one `kType`). Standard library only: setup.py runs it from

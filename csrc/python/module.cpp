@@ -2,11 +2,11 @@
 // kernels (aten/) know nothing about Python.
 #include <pybind11/pybind11.h>
 #include <torch/csrc/Generator.h>
+#include <torch/csrc/autograd/python_variable.h>
 
 #include <cstring>
 #include <string>
 #include <vector>
-#include <torch/csrc/autograd/python_variable.h>
 
 #include "aten/cpu_alias.h"
 #include "aten/cpu_fallback.h"

@@ -48,7 +48,7 @@ Fingerprint128 fingerprint_bytes(const unsigned char* data, size_t nbytes) {
   {
     // The lanes as locals, each step written out: eight independent chains the compiler keeps
     // in registers, so the multiplies overlap (an array indexed in a loop went through memory:
-    // 9.6 GB/s against 20+ in registers, 2-core EPYC, -O2).
+    // 9.6 GB/s against 29 GB/s in registers on 20 MB, 2-core EPYC, -O2, timed by hand).
     uint64_t l0 = lane[0], l1 = lane[1], l2 = lane[2], l3 = lane[3];
     uint64_t l4 = lane[4], l5 = lane[5], l6 = lane[6], l7 = lane[7];
     for (; offset + kBlock <= nbytes; offset += kBlock) {

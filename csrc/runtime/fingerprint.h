@@ -15,8 +15,8 @@ struct Fingerprint128 {
 
 // Eight independent 64-bit lanes, one 8-byte word each per 64-byte block, each step a bijection
 // of both the lane and the word: any single changed 8-byte word always changes the result, and
-// other changes leave it equal about once in 2^64. Plain C++ (no intrinsics), so x86_64 and the
-// boards' aarch64 give the same value; the passes run at memory speed on both.
+// other changes leave it equal about once in 2^64. Plain C++ (no intrinsics, little-endian
+// word loads), so x86_64 and the boards' aarch64 compute the same function.
 Fingerprint128 fingerprint_bytes(const unsigned char* data, size_t nbytes);
 
 }  // namespace torch_fl

@@ -32,6 +32,7 @@ def _package_dir() -> Path:
 PACKAGE_DIR = _package_dir()
 LIGHT = (
     "targets",
+    "unity_build",
     "atomic",
     "envfile",
     "_progress",

@@ -33,6 +33,11 @@ def build(c: Context, accelerator: str = "bpu", debug: bool = False) -> None:
             " (example: invoke build --accelerator bpu)",
             code=2,
         )
+    try:
+        # setup.py refuses a bad MAX_JOBS too, but deep inside pip's output: say it in one line
+        light.load("unity_build").compile_jobs()
+    except ValueError as exc:
+        raise Exit(str(exc), code=2) from None
     env = {"ACCELERATOR": accelerator, "FLAGOS_BUILD_DEBUG": "1" if debug else "0"}
     # No build isolation: pip must compile against the torch already installed, never fetch one.
     with c.cd(str(ROOT)), heartbeat(f"build {accelerator}"):

@@ -259,6 +259,27 @@ def test_background_check_sees_changes_that_bump_no_version(idiom):
     assert torch.equal(after, _fresh(model, x, "sim"))
 
 
+def test_background_check_reads_flagos_weights():
+    """Weights in flagos memory: the checker thread hashes their host views without the GIL,
+    and a write through `.data` (no version bump) still rebuilds."""
+    from torch_fl.bpu.conversion import freezing
+
+    if freezing._usable_cpus() < 2:
+        pytest.skip("one usable CPU: the check runs before the call")
+    model = Wide().eval().to("flagos")
+    x = torch.randn(4, 512, device="flagos")
+    compiled = compile_bpu(model, executor="sim", sim_threads=1, sim_thread_choice="fixed")
+    with report.collect() as reps, torch.no_grad():
+        before = compiled(x)
+        rt = reps[0].runtimes[0]
+        assert rt._frozen is not None and rt._frozen.overlap
+        assert torch.equal(compiled(x).cpu(), before.cpu()) and rt.builds == 1
+        model.fc1.weight.data.mul_(-1.0)
+        after = compiled(x)
+    assert rt.builds == 2 and after.device.type == "flagos"
+    assert not torch.allclose(after.cpu(), before.cpu())
+
+
 def test_no_free_cpu_beside_the_executor_checks_before_the_call():
     """ORT on every CPU (sim_threads=0): a checker thread would only share a core with it."""
     from torch_fl.bpu.conversion import freezing

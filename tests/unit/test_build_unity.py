@@ -71,3 +71,21 @@ def test_units_are_generated_includes_rewritten_only_on_change(tmp_path):
     exe = root / "prog"
     subprocess.run(["c++", str(main), *objs, "-o", str(exe)], check=True)
     assert subprocess.run([str(exe)]).returncode == 0
+
+
+@pytest.mark.parametrize("value", ["two", "0"])
+def test_invoke_build_refuses_a_bad_max_jobs_in_one_line(value):
+    import os
+    import sys
+
+    proc = subprocess.run(
+        [sys.executable, "-m", "invoke", "build"],
+        cwd=REPO,
+        env={**os.environ, "MAX_JOBS": value},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert f"MAX_JOBS={value!r}" in proc.stderr and "MAX_JOBS=2" in proc.stderr
+    assert "pip" not in proc.stdout + proc.stderr  # refused before pip ran
