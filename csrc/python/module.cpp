@@ -75,29 +75,34 @@ PYBIND11_MODULE(_C, m) {
   // Content fingerprints of dense CPU tensors' bytes, 16 bytes each, concatenated: the
   // baked-weight check of torch_fl/bpu/conversion/freezing.py. The hashing runs without the GIL,
   // so a check on the checker thread never takes turns with the caller's Python while ONNX
-  // Runtime runs.
-  m.def("_fingerprints", [](py::sequence tensors) {
-    std::vector<at::Tensor> held;  // references kept while the GIL is released
-    held.reserve(py::len(tensors));
-    for (py::handle obj : tensors) {
-      TORCH_CHECK(THPVariable_Check(obj.ptr()), "_fingerprints: expected torch.Tensor items");
-      const at::Tensor& t = THPVariable_Unpack(obj.ptr());
-      TORCH_CHECK(t.device().is_cpu(), "_fingerprints: expected CPU tensors, got ", t.device());
-      TORCH_CHECK(t.is_contiguous(), "_fingerprints: expected contiguous tensors");
-      held.push_back(t);
-    }
-    std::string out(16 * held.size(), '\0');
-    {
-      py::gil_scoped_release nogil;
-      for (size_t i = 0; i < held.size(); ++i) {
-        const auto* bytes = static_cast<const unsigned char*>(held[i].const_data_ptr());
-        const auto print = torch_fl::fingerprint_bytes(bytes, held[i].nbytes());
-        std::memcpy(&out[16 * i], &print.lo, 8);
-        std::memcpy(&out[16 * i + 8], &print.hi, 8);
-      }
-    }
-    return py::bytes(out);
-  });
+  // Runtime runs. `portable`: the plain C++ form even where the AVX-512 one would run (tests
+  // compare the two).
+  m.def(
+      "_fingerprints",
+      [](py::sequence tensors, bool portable) {
+        std::vector<at::Tensor> held;  // references kept while the GIL is released
+        held.reserve(py::len(tensors));
+        for (py::handle obj : tensors) {
+          TORCH_CHECK(THPVariable_Check(obj.ptr()), "_fingerprints: expected torch.Tensor items");
+          const at::Tensor& t = THPVariable_Unpack(obj.ptr());
+          TORCH_CHECK(t.device().is_cpu(), "_fingerprints: expected CPU tensors, got ", t.device());
+          TORCH_CHECK(t.is_contiguous(), "_fingerprints: expected contiguous tensors");
+          held.push_back(t);
+        }
+        std::string out(16 * held.size(), '\0');
+        {
+          py::gil_scoped_release nogil;
+          for (size_t i = 0; i < held.size(); ++i) {
+            const auto* bytes = static_cast<const unsigned char*>(held[i].const_data_ptr());
+            const auto print = torch_fl::fingerprint_bytes(bytes, held[i].nbytes(), portable);
+            std::memcpy(&out[16 * i], &print.lo, 8);
+            std::memcpy(&out[16 * i + 8], &print.hi, 8);
+          }
+        }
+        return py::bytes(out);
+      },
+      py::arg("tensors"), py::arg("portable") = false);
+  m.def("_fingerprint_kernel", [] { return std::string(torch_fl::fingerprint_kernel()); });
 
   m.def("_device_count", [] { return static_cast<int>(torch_fl::kDeviceCount); });
   m.def("_current_device", [] { return static_cast<int>(torch_fl::current_device()); });

@@ -13,10 +13,16 @@ struct Fingerprint128 {
   uint64_t hi;
 };
 
-// Eight independent 64-bit lanes, one 8-byte word each per 64-byte block, each step a bijection
-// of both the lane and the word: any single changed 8-byte word always changes the result, and
-// other changes leave it equal about once in 2^64. Plain C++ (no intrinsics, little-endian
-// word loads), so x86_64 and the boards' aarch64 compute the same function.
-Fingerprint128 fingerprint_bytes(const unsigned char* data, size_t nbytes);
+// Four groups of eight 64-bit lanes, each group over its own quarter of the range, one 8-byte
+// word per lane per 64-byte block; each step a bijection of both the lane and the word: any
+// single changed 8-byte word always changes the result, no fixed pattern of changed bits
+// cancels, and other changes leave it equal about once in 2^64. Plain C++ (little-endian word
+// loads), with an AVX-512 form of the same function where the CPU has it, so x86_64 and the
+// boards' aarch64 compute the same prints. `portable`: the plain C++ even where AVX-512 is
+// there (to test that both agree).
+Fingerprint128 fingerprint_bytes(const unsigned char* data, size_t nbytes, bool portable = false);
+
+// Which form fingerprint_bytes uses here: "avx512" or "portable".
+const char* fingerprint_kernel();
 
 }  // namespace torch_fl

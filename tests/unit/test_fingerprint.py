@@ -21,10 +21,11 @@ def _print(tensor: torch.Tensor) -> bytes:
 
 @pytest.mark.board
 def test_every_flipped_bit_changes_it_at_every_tail_length():
-    # 0..137 bytes: empty, the tail alone, whole 64-byte blocks and every tail after them
-    # (flipped through a numpy view: torch indexing per bit is minutes under the board's TCG)
+    # 0..137 bytes: empty, the tail alone, whole 64-byte blocks and every tail after them; then
+    # ranges of four groups' quarters, with blocks left over and a tail (flipped through a numpy
+    # view: torch indexing per bit is minutes under the board's TCG)
     gen = np.random.default_rng(0)
-    for length in range(138):
+    for length in [*range(138), 256, 64 * 6 + 13, 64 * 11 + 7]:
         raw = gen.integers(0, 256, length, dtype=np.uint8)
         data = torch.from_numpy(raw)
         base = _print(data)
@@ -46,10 +47,51 @@ def test_changes_that_cancel_in_plain_arithmetic_are_seen():
         v = w.clone()
         v[change] = -v[change]
         assert _print(v.view(torch.uint8)) != base
+    # a sign flip, and the exponent bit that a one-multiply step carried it to, in the lane's
+    # next word 64 bytes on: the same print before the step mixed twice
+    words = w.clone().view(torch.int64)
+    words[0] ^= torch.tensor(-(2**63), dtype=torch.int64)
+    words[8] ^= 1 << 28
+    assert _print(words.view(torch.uint8)) != base
     swapped = w.clone()
     swapped[[3, 19]] = swapped[[19, 3]]
     assert _print(swapped.view(torch.uint8)) != base
     assert _print(w.clone().view(torch.uint8)) == base  # other memory, same bytes: same print
+
+
+def _flip(raw: np.ndarray, word: int, bit: int) -> None:
+    raw[word] ^= np.uint64(1) << np.uint64(bit)
+
+
+@pytest.mark.parametrize(
+    "later", [8, 1, 16, 40], ids=["same-lane", "next-lane", "next-block", "other-group"]
+)
+def test_no_pair_of_flipped_bits_cancels(later):
+    """Every pair of flipped bits, one in word 3 and one `later` words on (the same lane's next
+    step, the next lane, a later block, another group's quarter), changes the print: a fixed
+    pattern that cancels would hide a change from the check whatever the weights are."""
+    raw = np.random.default_rng(later).integers(0, 2**63, 64, dtype=np.uint64)  # 8 blocks
+    base = _print(torch.from_numpy(raw.view(np.uint8)))
+    changed = []
+    for i in range(64):
+        for j in range(64):
+            r = raw.copy()
+            _flip(r, 3, i)
+            _flip(r, 3 + later, j)
+            changed.append(torch.from_numpy(r.view(np.uint8)))
+    prints = _C._fingerprints(changed)
+    same = [k for k in range(len(changed)) if prints[16 * k : 16 * k + 16] == base]
+    assert not same, [divmod(k, 64) for k in same[:5]]
+
+
+@pytest.mark.skipif(
+    _C._fingerprint_kernel() == "portable", reason="no AVX-512 on this CPU: one form"
+)
+def test_the_avx512_form_computes_the_portable_function():
+    gen = np.random.default_rng(1)
+    lengths = [*range(0, 1100, 7), *gen.integers(1100, 1 << 21, 20).tolist()]
+    tensors = [torch.from_numpy(gen.integers(0, 256, n, dtype=np.uint8)) for n in lengths]
+    assert _C._fingerprints(tensors) == _C._fingerprints(tensors, portable=True)
 
 
 def test_ranges_of_zeros_differ_by_length_and_prints_are_per_tensor():
@@ -80,7 +122,7 @@ def test_hashing_releases_the_gil():
 
     def hash_it():
         start = time.perf_counter()
-        _C._fingerprints([data])
+        _C._fingerprints([data] * 4)  # 1 GB hashed: tens of ms even at AVX-512 speed
         window.extend([start, time.perf_counter()])
 
     ticks = []
