@@ -76,10 +76,11 @@ PYBIND11_MODULE(_C, m) {
   // baked-weight check of torch_fl/bpu/conversion/freezing.py. The hashing runs without the GIL,
   // so a check on the checker thread never takes turns with the caller's Python while ONNX
   // Runtime runs. `portable`: the plain C++ form even where the AVX-512 one would run (tests
-  // compare the two).
+  // compare the two); `threads`: how many threads may hash (the caller's among them).
   m.def(
       "_fingerprints",
-      [](py::sequence tensors, bool portable) {
+      [](py::sequence tensors, bool portable, int threads) {
+        TORCH_CHECK(threads >= 1, "_fingerprints: threads must be at least 1, got ", threads);
         std::vector<at::Tensor> held;  // references kept while the GIL is released
         held.reserve(py::len(tensors));
         for (py::handle obj : tensors) {
@@ -89,19 +90,26 @@ PYBIND11_MODULE(_C, m) {
           TORCH_CHECK(t.is_contiguous(), "_fingerprints: expected contiguous tensors");
           held.push_back(t);
         }
-        std::string out(16 * held.size(), '\0');
+        std::vector<const unsigned char*> data(held.size());
+        std::vector<size_t> sizes(held.size());
+        for (size_t i = 0; i < held.size(); ++i) {
+          data[i] = static_cast<const unsigned char*>(held[i].const_data_ptr());
+          sizes[i] = held[i].nbytes();
+        }
+        std::vector<torch_fl::Fingerprint128> prints(held.size());
         {
           py::gil_scoped_release nogil;
-          for (size_t i = 0; i < held.size(); ++i) {
-            const auto* bytes = static_cast<const unsigned char*>(held[i].const_data_ptr());
-            const auto print = torch_fl::fingerprint_bytes(bytes, held[i].nbytes(), portable);
-            std::memcpy(&out[16 * i], &print.lo, 8);
-            std::memcpy(&out[16 * i + 8], &print.hi, 8);
-          }
+          torch_fl::fingerprint_many(data.data(), sizes.data(), held.size(), prints.data(),
+                                     portable, threads);
+        }
+        std::string out(16 * held.size(), '\0');
+        for (size_t i = 0; i < held.size(); ++i) {
+          std::memcpy(&out[16 * i], &prints[i].lo, 8);
+          std::memcpy(&out[16 * i + 8], &prints[i].hi, 8);
         }
         return py::bytes(out);
       },
-      py::arg("tensors"), py::arg("portable") = false);
+      py::arg("tensors"), py::arg("portable") = false, py::arg("threads") = 1);
   m.def("_fingerprint_kernel", [] { return std::string(torch_fl::fingerprint_kernel()); });
 
   m.def("_device_count", [] { return static_cast<int>(torch_fl::kDeviceCount); });

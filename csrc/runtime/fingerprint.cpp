@@ -1,6 +1,11 @@
 #include "runtime/fingerprint.h"
 
+#include <algorithm>
 #include <cstring>
+#include <numeric>
+#include <system_error>
+#include <thread>
+#include <vector>
 
 namespace torch_fl {
 namespace {
@@ -15,6 +20,7 @@ constexpr uint64_t kLaneMul[kLanes] = {
     0x510e527fade682d1ULL, 0x9b05688c2b3e6c1fULL, 0x1f83d9abfb41bd6bULL, 0x5be0cd19137e2179ULL};
 constexpr uint64_t kMixMul = 0xcbbb9d5dc1059ed9ULL;    // sqrt(23)
 constexpr uint64_t kFinalMul = 0x629a292a367cd507ULL;  // sqrt(29)
+constexpr size_t kBytesPerThread = size_t{1} << 20;
 
 inline uint64_t rotl64(uint64_t x, int r) { return (x << r) | (x >> ((64 - r) & 63)); }
 
@@ -174,6 +180,46 @@ Fingerprint128 fingerprint_bytes(const unsigned char* data, size_t nbytes, bool 
     }
   }
   return Fingerprint128{finish(lo), finish(hi ^ lo)};
+}
+
+void fingerprint_many(const unsigned char* const* data, const size_t* nbytes, size_t count,
+                      Fingerprint128* out, bool portable, int threads) {
+  size_t total = 0;
+  for (size_t i = 0; i < count; ++i) total += nbytes[i];
+  // A thread only where it has enough to hash: starting and joining one costs tens of
+  // microseconds, what hashing about a megabyte takes.
+  size_t bins = static_cast<size_t>(std::max(threads, 1));
+  bins = std::min({bins, count, 1 + total / kBytesPerThread});
+  if (bins <= 1) {
+    for (size_t i = 0; i < count; ++i) out[i] = fingerprint_bytes(data[i], nbytes[i], portable);
+    return;
+  }
+  // Whole tensors to bins, largest first to the least loaded (within 4/3 of the best split).
+  std::vector<size_t> order(count);
+  std::iota(order.begin(), order.end(), size_t{0});
+  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return nbytes[a] > nbytes[b]; });
+  std::vector<std::vector<size_t>> bin(bins);
+  std::vector<size_t> load(bins, 0);
+  for (size_t i : order) {
+    const size_t least = std::min_element(load.begin(), load.end()) - load.begin();
+    bin[least].push_back(i);
+    load[least] += nbytes[i];
+  }
+  auto hash_bin = [&](size_t b) {
+    for (size_t i : bin[b]) out[i] = fingerprint_bytes(data[i], nbytes[i], portable);
+  };
+  std::vector<std::thread> helpers;
+  size_t started = 1;  // bin 0 is the caller's
+  for (; started < bins; ++started) {
+    try {
+      helpers.emplace_back(hash_bin, started);
+    } catch (const std::system_error&) {
+      break;  // no thread to be had (a process or memory limit): the caller hashes the rest
+    }
+  }
+  hash_bin(0);
+  for (size_t b = started; b < bins; ++b) hash_bin(b);
+  for (auto& t : helpers) t.join();
 }
 
 }  // namespace torch_fl

@@ -22,6 +22,12 @@ struct Fingerprint128 {
 // there (to test that both agree).
 Fingerprint128 fingerprint_bytes(const unsigned char* data, size_t nbytes, bool portable = false);
 
+// fingerprint_bytes of `count` ranges into `out`, on up to `threads` threads (the caller's among
+// them): whole ranges to threads, one thread per megabyte at most. The prints do not depend on
+// the thread count.
+void fingerprint_many(const unsigned char* const* data, const size_t* nbytes, size_t count,
+                      Fingerprint128* out, bool portable = false, int threads = 1);
+
 // Which form fingerprint_bytes uses here: "avx512" or "portable".
 const char* fingerprint_kernel();
 

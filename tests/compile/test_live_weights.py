@@ -6,6 +6,7 @@ through a numpy view, `p.data = ...`) do not bump the parameter's version counte
 
 import copy
 import sys
+import time
 
 import pytest
 import torch
@@ -171,31 +172,64 @@ def test_hbm_on_stale_eager(board):
         assert torch.equal(out, model(x)) and reps[0].runtimes[0].kind == "eager"
 
 
-@pytest.mark.parametrize("gil_free", [False, True], ids=["xxh3", "checker-thread"])
-def test_baked_weight_check_is_bytewise(gil_free):
-    """Both fingerprints: XXH3 in the caller's thread, the extension's GIL-free one on the
-    checker thread."""
+@pytest.mark.parametrize(
+    ("gil_free", "threads"),
+    [(False, None), (True, 1), (True, 3), (None, None)],
+    ids=["xxh3", "native", "native-3-threads", "picked-at-build"],
+)
+def test_baked_weight_check_is_bytewise(gil_free, threads):
+    """Both fingerprints: XXH3, and the extension's GIL-free one (on one thread or several),
+    and whichever the build picked for the caller's thread."""
+    from torch_fl.bpu.conversion import freezing
     from torch_fl.bpu.conversion.freezing import FrozenWeights
+
+    def stale(frozen, args):
+        return frozen.stale(args, gil_free=gil_free, threads=threads)
 
     w = torch.randn(4, 4)
     w[0, 0] = float("nan")  # NaN != NaN numerically; the bytes are unchanged
     t = torch.randn(4, 4).t()  # non-contiguous
     big = torch.randn(300_000)  # over python-xxhash's 64 KB GIL threshold
-    args = [torch.randn(2), w, t, big]
-    frozen = FrozenWeights((1, 2, 3), args)
-    assert not frozen.stale(args, gil_free=gil_free)
+    # more than OVERLAP_BYTES in all, so that the build times both passes, in weights of a
+    # megabyte or more, so that several threads get some
+    more = [torch.randn(1 << 18) for _ in range(3)]
+    args = [torch.randn(2), w, t, big, *more]
+    positions = (1, 2, 3, 4, 5, 6)
+    frozen = FrozenWeights(positions, args)
+    assert frozen.inline_pass in ("xxh3", "native")
+    assert not stale(frozen, args)
     w.detach().numpy()[3, 3] += 1.0  # no version bump
-    assert frozen.stale(args, gil_free=gil_free)
-    frozen = FrozenWeights((1, 2, 3), args)
+    assert stale(frozen, args)
+    frozen = FrozenWeights(positions, args)
     t.data.numpy()[0, 1] = 5.0  # through a view of the non-contiguous tensor
-    assert frozen.stale(args, gil_free=gil_free)
-    frozen = FrozenWeights((1, 2, 3), args)
+    assert stale(frozen, args)
+    frozen = FrozenWeights(positions, args)
     big.data.numpy()[-1] *= -1.0  # the last word of a large weight
-    assert frozen.stale(args, gil_free=gil_free)
-    frozen = FrozenWeights((1, 2, 3), args)
-    assert not frozen.stale(args, gil_free=gil_free)
+    assert stale(frozen, args)
+    frozen = FrozenWeights(positions, args)
+    more[1].numpy()[12345] += 1.0  # a weight that another thread hashes
+    assert stale(frozen, args)
+    frozen = FrozenWeights(positions, args)
+    assert not stale(frozen, args)
     args[2].data = args[2].data.clone()  # same values, other memory
-    assert frozen.stale(args, gil_free=gil_free)
+    assert stale(frozen, args)
+    assert freezing.OVERLAP_BYTES < frozen._nbytes
+
+
+def test_check_beside_the_call_hashes_on_the_cpus_the_executor_leaves(monkeypatch):
+    from torch_fl.bpu.conversion import freezing
+
+    monkeypatch.setattr(freezing, "_usable_cpus", lambda: 8)
+    args = [torch.randn(1 << 19)]  # 2 MB
+    frozen = freezing.FrozenWeights((0,), args, busy_cpus=3)
+    assert frozen.overlap and frozen._beside_threads == 5 and frozen._inline_threads == 8
+    frozen.occupy(8)  # the executor takes every CPU: the check runs before the call
+    assert not frozen.overlap and frozen._beside_threads == 1
+    frozen.occupy(1)  # the board's BPU: one CPU waits on it, seven hash
+    assert frozen.overlap and frozen._beside_threads == 7
+    assert not frozen.check_in_background(args)()
+    args[0].numpy()[0] += 1.0
+    assert frozen.check_in_background(args)()
 
 
 def test_live_bias_beyond_int32_raises_its_channel_weight_scale():
@@ -250,6 +284,8 @@ def test_background_check_sees_changes_that_bump_no_version(idiom):
     if freezing._usable_cpus() < 2:
         pytest.skip("one usable CPU: the check runs before the call")
     model, x, compiled, rt, before = _wide_compiled()
+    check = rt.entry.weight_check
+    assert check == {"beside": True, "threads": freezing._usable_cpus() - 1, "pass": "native"}
     with torch.no_grad():
         assert rt._frozen is not None and rt._frozen.overlap
         assert torch.equal(compiled(x), before) and rt.builds == 1
@@ -284,7 +320,21 @@ def test_no_free_cpu_beside_the_executor_checks_before_the_call():
     """ORT on every CPU (sim_threads=0): a checker thread would only share a core with it."""
     from torch_fl.bpu.conversion import freezing
 
-    model, x, compiled, rt, before = _wide_compiled(threads=freezing._usable_cpus())
+    threads = freezing._usable_cpus()
+    model = Wide().eval()
+    x = torch.randn(4, 512)
+    compiled = compile_bpu(model, executor="sim", sim_threads=threads, sim_thread_choice="fixed")
+    with report.collect() as reps, torch.no_grad():
+        before = compiled(x)
+    rt = reps[0].runtimes[0]
+    check = rt.entry.weight_check
+    assert not check["beside"] and check["pass"] in ("xxh3", "native")
+    assert set(check["timed_us"]) == {"xxh3", "native"}  # 2 MB: both passes timed at build
+    # the faster of the two was kept
+    assert check["timed_us"][check["pass"]] == min(check["timed_us"].values())
+    text = report.Report(reps).table()
+    cpus = f"{check['threads']} CPU{'s' * (check['threads'] > 1)}"
+    assert f"part 0: before the call, {check['pass']} on {cpus}; timed at build: xxh3 " in text
     with torch.no_grad():
         assert not rt._frozen.overlap
         _copy_data(model)
@@ -342,3 +392,25 @@ def test_background_check_in_a_forked_child():
         [sys.executable, "-c", FORKED_CHILD], env=env, timeout=120, capture_output=True, text=True
     )
     assert done.returncode == 0, done.stderr[-2000:]
+
+
+def test_the_check_before_the_call_takes_the_faster_pass_measured_at_build(monkeypatch):
+    """Both passes are timed when the weights are baked; the check before the call uses the
+    faster (here XXH3 made slow, so the extension's fingerprint wins) and still sees a write."""
+    import xxhash
+
+    from torch_fl.bpu.conversion import freezing
+
+    def slow_xxh3(view):
+        time.sleep(0.002)
+        return xxhash.xxh3_128_intdigest(view)
+
+    monkeypatch.setattr(freezing, "_hasher", lambda: slow_xxh3)
+    args = [torch.randn(1 << 19), torch.randn(1 << 18)]  # 3 MB
+    frozen = freezing.FrozenWeights((0, 1), args)
+    assert frozen.inline_pass == "native"
+    assert not frozen.stale(args)
+    args[1].numpy()[-1] += 1.0
+    assert frozen.stale(args)
+    small = freezing.FrozenWeights((0,), [torch.randn(16)])  # under OVERLAP_BYTES: not timed
+    assert small.inline_pass == "xxh3"

@@ -103,7 +103,19 @@ def test_ranges_of_zeros_differ_by_length_and_prints_are_per_tensor():
     assert _C._fingerprints([]) == b""
 
 
+def test_prints_do_not_depend_on_the_threads_that_hash():
+    gen = np.random.default_rng(2)
+    sizes = [0, 3, 64, 1 << 20, 3 << 20, 5 << 20, 700_001, 1 << 21]  # several megabytes: bins
+    tensors = [torch.from_numpy(gen.integers(0, 256, n, dtype=np.uint8)) for n in sizes]
+    one = _C._fingerprints(tensors)
+    for threads in (2, 3, 8, 64):
+        assert _C._fingerprints(tensors, threads=threads) == one
+    assert _C._fingerprints(tensors, portable=True, threads=3) == one
+
+
 def test_bad_input_is_refused_by_name():
+    with pytest.raises(RuntimeError, match="threads must be at least 1"):
+        _C._fingerprints([torch.zeros(4)], threads=0)
     with pytest.raises((TypeError, RuntimeError), match="expected torch.Tensor"):
         _C._fingerprints([b"bytes"])
     with pytest.raises(RuntimeError, match="contiguous"):

@@ -45,6 +45,10 @@ class PartitionEntry:
     sim_threads: dict | None = None
     """sim executor only: {"threads": ORT intra-op threads, "reason": why, "times_ms": the
     median per call at each count measured (runtime/sim_threads.py), or None}."""
+    weight_check: dict | None = None
+    """Baked weights only: how each call checks them (FrozenWeights.describe()): {"beside":
+    on the checker thread during the call or before it, "threads": CPUs hashing, "pass":
+    xxh3|native, "timed_us": both passes timed at build, or None}."""
     calibration: dict | None = None
     """{"state": calibrated|uncalibrated|float, "source": where the scales came from}; set on
     the first call of an int8 partition."""
@@ -141,6 +145,7 @@ class Report:
             self._partition_rows,
             self._kernel_lines,
             self._thread_lines,
+            self._check_lines,
             self._calibration_lines,
             self._break_lines,
             self._health_lines,
@@ -179,6 +184,27 @@ class Report:
             for p in g.partitions
             if p.sim_threads and p.executor == "sim"
         ]
+
+    def _check_lines(self) -> list[str]:
+        lines = []
+        for g in self.graphs:
+            for p in g.partitions:
+                check = p.weight_check
+                if not check:
+                    continue
+                where = "beside the call" if check["beside"] else "before the call"
+                cpus = f"{check['threads']} CPU{'s' * (check['threads'] > 1)}"
+                timed = check.get("timed_us")
+                why = (
+                    "; timed at build: " + ", ".join(f"{k} {v:g} us" for k, v in timed.items())
+                    if timed
+                    else ""
+                )
+                lines.append(
+                    f"weight check: graph {g.graph_id} part {p.id}: {where}, {check['pass']} "
+                    f"on {cpus}{why}"
+                )
+        return lines
 
     def _calibration_lines(self) -> list[str]:
         calibrations = [(g.graph_id, p) for g in self.graphs for p in g.partitions if p.calibration]

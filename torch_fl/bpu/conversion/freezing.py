@@ -20,11 +20,13 @@ The checker thread hashes with the extension's own 128-bit fingerprint (csrc/run
 fingerprint.cpp), all weights in one call that releases the GIL: python-xxhash holds the GIL for
 every input under 64 KB, and MobileNetV3's 210 weights, most of them small, kept the caller's
 Python waiting behind it (timed in place, batch 1, 1 ORT thread, 2-core EPYC: 3.50 ms a call
-with XXH3 beside the call, 2.90 ms with the GIL-free pass, 2.76 ms with no check at all). In the
-caller's own thread, where nothing waits on the GIL, XXH3 stays: on weights that fit in cache it
-is the faster pass (MobileNetV3's 9.7 MB: 135 us, against 175 us for the extension's AVX-512 form
-and about 3x that for its portable form; timed by hand, 2-core EPYC). Both fingerprints are taken
-at build time.
+with XXH3 beside the call, 2.90 ms with the GIL-free pass, 2.76 ms with no check at all). It
+hashes on every CPU the executor leaves (whole weights to threads): the board's BPU leaves all
+but the caller's, and the portable pass the boards run is the slow one (19 GB/s here, against
+43-65 for the AVX-512 form). Before the call (no CPU free beside the executor), the pass is
+whichever was faster when timed at build: XXH3 in one thread (it wins on weights in cache and on
+CPUs without AVX-512) or the extension's on every CPU. Both fingerprints are taken at build time,
+and explain() shows where, how and on how many CPUs each partition's check runs.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from __future__ import annotations
 import operator
 import os
 import threading
+import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
@@ -137,6 +140,10 @@ class FrozenWeights:
         "_digest",
         "_nbytes",
         "overlap",
+        "_beside_threads",
+        "_inline_threads",
+        "inline_pass",
+        "_inline_times",
     )
 
     def __init__(
@@ -175,12 +182,62 @@ class FrozenWeights:
             if v is None
         )
         self._nbytes = sum(t.numel() * t.element_size() for t in tensors)
-        self.overlap = self.can_overlap(busy_cpus)
+        self.overlap = False
         """Check beside the call (`check_in_background`) rather than before it."""
+        self._beside_threads = 1
+        self.occupy(busy_cpus)
+        # before the call every CPU is free: the check in the caller's thread may use them all
+        self._inline_threads = max(_usable_cpus(), 1)
+        self.inline_pass = self._pick_inline_pass()
+        """"xxh3" or "native": the faster pass where the check runs before the call."""
 
     def can_overlap(self, busy_cpus: int) -> bool:
         """Whether the check runs beside an executor that keeps `busy_cpus` CPUs busy."""
         return self._nbytes >= OVERLAP_BYTES and _usable_cpus() > max(busy_cpus, 1)
+
+    def occupy(self, busy_cpus: int) -> None:
+        """The executor keeps `busy_cpus` CPUs busy while it runs: check beside it where one is
+        free, hashing on every CPU it leaves (the board's BPU leaves all but the caller's)."""
+        self.overlap = self.can_overlap(busy_cpus)
+        self._beside_threads = max(_usable_cpus() - max(busy_cpus, 1), 1)
+
+    def _pick_inline_pass(self) -> str:
+        """Time both passes once (best of three, alternated) and keep the faster: XXH3 in one
+        thread, or the extension's fingerprint on every CPU. Which wins depends on the CPU and
+        the weights (2-vCPU EPYC with AVX-512, by hand: MobileNetV3's 9.7 MB 148 us against
+        184 us, ResNet-18's 44.6 MB 1482 against 938 us; without AVX-512 XXH3 won all three)."""
+        self._inline_times: dict[str, float] | None = None
+        views, _ = self._native
+        if self._nbytes < OVERLAP_BYTES or not views:
+            return "xxh3"
+        dense = self._dense[0]
+        digest, threads = self._digest, self._inline_threads
+        passes = {
+            "xxh3": lambda: list(map(digest, dense)),
+            "native": lambda: _C._fingerprints(views, threads=threads),
+        }
+        best = dict.fromkeys(passes, float("inf"))
+        for _ in range(3):
+            for name, run in passes.items():
+                start = time.perf_counter()
+                run()
+                best[name] = min(best[name], time.perf_counter() - start)
+        self._inline_times = best
+        return min(best, key=lambda name: (best[name], name != "xxh3"))
+
+    def describe(self) -> dict:
+        """How a call checks these weights, for explain(): beside it or before it, on how many
+        CPUs, with which pass (and the build's timing of both, where it chose)."""
+        if self.overlap:
+            return {"beside": True, "threads": self._beside_threads, "pass": "native"}
+        native = self.inline_pass == "native"
+        times = self._inline_times
+        return {
+            "beside": False,
+            "threads": self._inline_threads if native else 1,
+            "pass": self.inline_pass,
+            "timed_us": {k: round(v * 1e6, 1) for k, v in times.items()} if times else None,
+        }
 
     def check_in_background(self, args: Sequence[torch.Tensor]) -> Callable[[], bool]:
         """Start the check of `args` on the checker thread (`stale`, with the GIL-free
@@ -188,12 +245,15 @@ class FrozenWeights:
         return _checker().submit(self._stale_gil_free, tuple(args)).result
 
     def _stale_gil_free(self, args: Sequence[torch.Tensor]) -> bool:
-        return self.stale(args, gil_free=True)
+        return self.stale(args, gil_free=True, threads=self._beside_threads)
 
-    def stale(self, args: Sequence[torch.Tensor], gil_free: bool = False) -> bool:
+    def stale(
+        self, args: Sequence[torch.Tensor], gil_free: bool | None = None, threads: int | None = None
+    ) -> bool:
         """Whether any baked weight among `args` changed: another tensor object, data pointer,
-        version counter, strides or storage size, or other bytes (XXH3-128; with `gil_free`, the
-        extension's fingerprint, hashed without holding the GIL)."""
+        version counter, strides or storage size, or other bytes: XXH3-128, or with `gil_free`
+        the extension's fingerprint, hashed without holding the GIL on `threads` threads (None:
+        every CPU); `gil_free=None` takes the pass picked at build (`inline_pass`)."""
         current = self._pick(args)
         if (
             not all(map(operator.is_, current, self._tensors))
@@ -204,9 +264,11 @@ class FrozenWeights:
         ):
             return True
         # same objects, pointers and strides: the views made at build time read their bytes
+        if gil_free is None:
+            gil_free = self.inline_pass == "native"
         if gil_free:
             views, prints = self._native
-            if _C._fingerprints(views) != prints:
+            if _C._fingerprints(views, threads=threads or self._inline_threads) != prints:
                 return True
         else:
             views, prints = self._dense

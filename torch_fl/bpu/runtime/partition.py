@@ -134,6 +134,7 @@ class PartitionRuntime(torch.nn.Module):
         self._frozen = None
         self.entry.sim_kernels = None
         self.entry.sim_threads = None
+        self.entry.weight_check = None
         self._set_kind("eager", reason)
 
     def invalidate(self) -> None:
@@ -426,6 +427,7 @@ class PartitionRuntime(torch.nn.Module):
             FrozenWeights(self.spec.frozen_positions, args, _busy_cpus(inner)) if baked else None
         )
         self.entry.sim_threads = _thread_choice(inner, host, args, self._frozen, settings)
+        self.entry.weight_check = self._frozen.describe() if self._frozen is not None else None
         self._set_kind(kind)
 
 
@@ -465,7 +467,7 @@ def _thread_choice(
     )
     executor.use_threads(choice.threads)
     if frozen is not None:
-        frozen.overlap = frozen.can_overlap(choice.threads)
+        frozen.occupy(choice.threads)
     return {"threads": choice.threads, "reason": choice.reason, "times_ms": choice.times_ms}
 
 
