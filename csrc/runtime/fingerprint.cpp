@@ -21,6 +21,10 @@ constexpr uint64_t kLaneMul[kLanes] = {
 constexpr uint64_t kMixMul = 0xcbbb9d5dc1059ed9ULL;    // sqrt(23)
 constexpr uint64_t kFinalMul = 0x629a292a367cd507ULL;  // sqrt(29)
 constexpr size_t kBytesPerThread = size_t{1} << 20;
+// At most this many threads hash at once, whatever the caller allows: a pass reads memory at
+// 20-65 GB/s a thread here, so a handful already meets the memory bandwidth of the hosts and
+// boards this runs on (only 2 CPUs were there to measure: beyond that it is an estimate).
+constexpr size_t kMaxThreads = 8;
 
 inline uint64_t rotl64(uint64_t x, int r) { return (x << r) | (x >> ((64 - r) & 63)); }
 
@@ -189,7 +193,7 @@ void fingerprint_many(const unsigned char* const* data, const size_t* nbytes, si
   // A thread only where it has enough to hash: starting and joining one costs tens of
   // microseconds, what hashing about a megabyte takes.
   size_t bins = static_cast<size_t>(std::max(threads, 1));
-  bins = std::min({bins, count, 1 + total / kBytesPerThread});
+  bins = std::min({bins, kMaxThreads, count, 1 + total / kBytesPerThread});
   if (bins <= 1) {
     for (size_t i = 0; i < count; ++i) out[i] = fingerprint_bytes(data[i], nbytes[i], portable);
     return;

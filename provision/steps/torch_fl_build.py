@@ -15,7 +15,9 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shlex
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -67,7 +69,8 @@ def installed(ctx: Context, python: str) -> tuple[dict[str, Any] | None, str]:
 
 def build_error(log: Path) -> str:
     """The line of a failed build's log that says why: setup.py's own refusal (a missing header
-    or tool, named with its fix), else the compiler's first error, else the generic hint."""
+    or tool, named with its fix), else the compiler's first error, else the signal that killed
+    the build, else the generic hint."""
     try:
         lines = [ln.strip() for ln in log.read_text(errors="replace").splitlines()]
     except OSError:
@@ -76,7 +79,35 @@ def build_error(log: Path) -> str:
         found = next((ln for ln in lines if marker in ln and "subprocess-exited" not in ln), None)
         if found:
             return found[:400]
+    killer = killed_by(log)
+    if killer is not None:
+        return f"the build was killed by {_signal_name(killer)}"
     return "a C++ compiler, the Python headers and torch's C++ headers are needed there"
+
+
+BUILD_ATTEMPTS = 2
+"""A build whose backend a signal killed is tried once more: under the emulated board's qemu
+(TCG) the build backend died once at its start with SIGILL (pip: "exit code: -4", no output),
+and the same tree built there on the next try and in every run before it. A real illegal
+instruction or a kill by the OOM killer happens again and fails the second try the same way."""
+
+
+def killed_by(log: Path) -> int | None:
+    """The signal that killed a failed build's backend (pip reports it as a negative exit
+    code), or None if it exited by itself."""
+    try:
+        text = log.read_text(errors="replace")
+    except OSError:
+        return None
+    found = re.search(r"exit code: -(\d+)", text)
+    return int(found.group(1)) if found else None
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
 
 
 class TorchFlBuild:
@@ -155,7 +186,15 @@ class TorchFlBuild:
             f"--disable-pip-version-check --no-build-isolation --no-deps -w {r}/dist ."
         )
         timeout = ctx.config.torch_fl.build_timeout_s
-        rc, log = ctx.run_long(self.name, cmd, timeout=timeout)
+        for attempt in range(1, BUILD_ATTEMPTS + 1):
+            rc, log = ctx.run_long(self.name, cmd, timeout=timeout)
+            killer = killed_by(log) if rc != 0 else None
+            if killer is None or attempt == BUILD_ATTEMPTS:
+                break
+            ctx.echo(
+                f"  [{self.name}] the build was killed by {_signal_name(killer)} "
+                f"(attempt {attempt} of {BUILD_ATTEMPTS}); building again"
+            )
         if rc != 0:
             raise StepError(
                 f"building torch-fl on {ctx.target.name} failed (rc {rc}): {build_error(log)}; "

@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import tarfile
+import types
 from pathlib import Path
 
 import pytest
@@ -195,6 +196,73 @@ def test_a_failed_board_build_names_its_cause(tmp_path: Path) -> None:
     )
     assert "libtorch" not in build_error(log) and "cannot build torch_fl" in build_error(log)
     assert "torch's C++ headers" in build_error(tmp_path / "absent.log")
+
+
+SIGILL_LOG = """\
+  Building wheel for torch-fl-bpu (pyproject.toml): finished with status 'error'
+  error: subprocess-exited-with-error
+
+  x Building wheel for torch-fl-bpu (pyproject.toml) did not run successfully.
+  | exit code: -4
+  +-> [0 lines of output]
+      [end of output]
+  ERROR: Failed building wheel for torch-fl-bpu
+"""
+
+
+class _FakeBoard:
+    """Just what TorchFlBuild.build_wheel asks of its context: each build's rc and log."""
+
+    def __init__(self, tmp: Path, logs: list[tuple[int, str]]) -> None:
+        self.tmp, self.logs, self.runs, self.said = tmp, list(logs), 0, []
+        self.config = types.SimpleNamespace(torch_fl=types.SimpleNamespace(build_timeout_s=60))
+        self.target = types.SimpleNamespace(name="board", is_local=False)
+
+    def run_long(self, step: str, cmd: str, timeout: float) -> tuple[int, Path]:
+        rc, text = self.logs[self.runs]
+        self.runs += 1
+        log = self.tmp / f"build{self.runs}.log"
+        log.write_text(text)
+        return rc, log
+
+    def sh(self, cmd: str) -> tuple[int, str, str]:
+        return 0, "/root/dist/torch_fl_bpu-0-cp314-linux_aarch64.whl\n", ""
+
+    def echo(self, line: str) -> None:
+        self.said.append(line)
+
+
+@pytest.mark.parametrize(
+    ("logs", "builds", "fails"),
+    [
+        ([(1, SIGILL_LOG), (0, "ok")], 2, None),  # killed once (qemu TCG): built on the retry
+        ([(1, SIGILL_LOG), (1, SIGILL_LOG)], 2, "killed by SIGILL"),  # killed again: it fails
+        ([(1, "a.cpp:1:1: fatal error: x.h: No such file\n"), (0, "ok")], 1, "fatal error"),
+    ],
+    ids=["retried", "killed-twice", "compile-error-not-retried"],
+)
+def test_a_build_killed_by_a_signal_is_tried_once_more(tmp_path, monkeypatch, logs, builds, fails):
+    from provision import artifacts
+    from provision.results import StepError
+    from provision.steps import torch_fl_build
+
+    monkeypatch.setattr(artifacts, "ship", lambda ctx, path, root, sha=None: f"{root}/src.tar.gz")
+    monkeypatch.setattr(torch_fl_build.TorchFlBuild, "build_tools", lambda self, ctx, py: None)
+    monkeypatch.setattr(torch_fl_build, "root_dir", lambda ctx: "/root/tfl")
+    ctx = _FakeBoard(tmp_path, logs)
+    step = torch_fl_build.TorchFlBuild()
+    if fails:
+        with pytest.raises(StepError, match=fails):
+            step.build_wheel(ctx, "/venv/bin/python", tmp_path / "src.tar.gz", "sha")
+    else:
+        assert step.build_wheel(ctx, "/venv/bin/python", tmp_path / "src.tar.gz", "sha").endswith(
+            ".whl"
+        )
+        assert any("killed by SIGILL (attempt 1 of 2)" in line for line in ctx.said)
+    assert ctx.runs == builds
+    assert torch_fl_build.killed_by(tmp_path / "build1.log") == (
+        4 if "exit code" in logs[0][1] else None
+    )
 
 
 def test_the_harness_runs_from_a_checkout_without_the_library(tmp_path: Path) -> None:
