@@ -205,7 +205,8 @@ class FrozenWeights:
         """Time both passes once (best of three, alternated) and keep the faster: XXH3 in one
         thread, or the extension's fingerprint on every CPU. Which wins depends on the CPU and
         the weights (2-vCPU EPYC with AVX-512, by hand: MobileNetV3's 9.7 MB 148 us against
-        184 us, ResNet-18's 44.6 MB 1482 against 938 us; without AVX-512 XXH3 won all three)."""
+        184 us, ResNet-18's 44.6 MB 1482 against 938 us; the portable form, which CPUs without
+        AVX-512 run, lost on both and on ViT-S/16)."""
         self._inline_times: dict[str, float] | None = None
         views, _ = self._native
         if self._nbytes < OVERLAP_BYTES or not views:
