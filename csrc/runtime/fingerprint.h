@@ -23,8 +23,8 @@ struct Fingerprint128 {
 Fingerprint128 fingerprint_bytes(const unsigned char* data, size_t nbytes, bool portable = false);
 
 // fingerprint_bytes of `count` ranges into `out`, on up to `threads` threads (the caller's among
-// them, 8 at most): whole ranges to threads, one thread per megabyte at most. The prints do not depend on
-// the thread count.
+// them, 8 at most): whole ranges to threads, one thread per megabyte at most. The prints do not
+// depend on the thread count.
 void fingerprint_many(const unsigned char* const* data, const size_t* nbytes, size_t count,
                       Fingerprint128* out, bool portable = false, int threads = 1);
 

@@ -48,7 +48,7 @@ class PartitionEntry:
     weight_check: dict | None = None
     """Baked weights only: how each call checks them (FrozenWeights.describe()): {"beside":
     on the checker thread during the call or before it, "threads": CPUs hashing, "pass":
-    xxh3|native, "timed_us": both passes timed at build, or None}."""
+    xxh3|native, "timed_us": both passes timed on first use, or None}."""
     calibration: dict | None = None
     """{"state": calibrated|uncalibrated|float, "source": where the scales came from}; set on
     the first call of an int8 partition."""
@@ -196,13 +196,13 @@ class Report:
                 cpus = f"{check['threads']} CPU{'s' * (check['threads'] > 1)}"
                 timed = check.get("timed_us")
                 why = (
-                    "; timed at build: " + ", ".join(f"{k} {v:g} us" for k, v in timed.items())
+                    "; timed on first use: " + ", ".join(f"{k} {v:g} us" for k, v in timed.items())
                     if timed
                     else ""
                 )
                 lines.append(
                     f"weight check: graph {g.graph_id} part {p.id}: {where}, {check['pass']} "
-                    f"on {cpus}{why}"
+                    f"on up to {cpus}{why}"
                 )
         return lines
 

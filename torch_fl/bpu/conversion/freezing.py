@@ -24,7 +24,7 @@ with XXH3 beside the call, 2.90 ms with the GIL-free pass, 2.76 ms with no check
 hashes on every CPU the executor leaves (whole weights to threads): the board's BPU leaves all
 but the caller's, and the portable pass the boards run is the slow one (19 GB/s here, against
 43-65 for the AVX-512 form). Before the call (no CPU free beside the executor), the pass is
-whichever was faster when timed at build: XXH3 in one thread (it wins on weights in cache and on
+whichever was faster when first timed: XXH3 in one thread (it wins on weights in cache and on
 CPUs without AVX-512) or the extension's on every CPU. Both fingerprints are taken at build time,
 and explain() shows where, how and on how many CPUs each partition's check runs.
 """
@@ -142,7 +142,7 @@ class FrozenWeights:
         "overlap",
         "_beside_threads",
         "_inline_threads",
-        "inline_pass",
+        "_inline_pass",
         "_inline_times",
     )
 
@@ -182,14 +182,13 @@ class FrozenWeights:
             if v is None
         )
         self._nbytes = sum(t.numel() * t.element_size() for t in tensors)
-        self.overlap = False
-        """Check beside the call (`check_in_background`) rather than before it."""
-        self._beside_threads = 1
         self.occupy(busy_cpus)
         # before the call every CPU is free: the check in the caller's thread may use them all
         self._inline_threads = max(_usable_cpus(), 1)
-        self.inline_pass = self._pick_inline_pass()
-        """"xxh3" or "native": the faster pass where the check runs before the call."""
+        # which pass the check before the call takes, timed when it is first needed: a check that
+        # always runs beside the call (the board's BPU) never times it
+        self._inline_pass: str | None = None
+        self._inline_times: dict[str, float] | None = None
 
     def can_overlap(self, busy_cpus: int) -> bool:
         """Whether the check runs beside an executor that keeps `busy_cpus` CPUs busy."""
@@ -199,18 +198,25 @@ class FrozenWeights:
         """The executor keeps `busy_cpus` CPUs busy while it runs: check beside it where one is
         free, hashing on every CPU it leaves (the board's BPU leaves all but the caller's)."""
         self.overlap = self.can_overlap(busy_cpus)
+        """Check beside the call (`check_in_background`) rather than before it."""
         self._beside_threads = max(_usable_cpus() - max(busy_cpus, 1), 1)
 
-    def _pick_inline_pass(self) -> str:
+    @property
+    def inline_pass(self) -> str:
+        """ "xxh3" or "native": the pass the check before the call takes (timed on first use)."""
+        if self._inline_pass is None:
+            self._inline_pass, self._inline_times = self._pick_inline_pass()
+        return self._inline_pass
+
+    def _pick_inline_pass(self) -> tuple[str, dict[str, float] | None]:
         """Time both passes once (best of three, alternated) and keep the faster: XXH3 in one
         thread, or the extension's fingerprint on every CPU. Which wins depends on the CPU and
         the weights (2-vCPU EPYC with AVX-512, by hand: MobileNetV3's 9.7 MB 148 us against
         184 us, ResNet-18's 44.6 MB 1482 against 938 us; the portable form, which CPUs without
-        AVX-512 run, lost on both and on ViT-S/16)."""
-        self._inline_times: dict[str, float] | None = None
+        AVX-512 run, lost on both and on ViT-S/16). The pass and the times (None: not timed)."""
         views, _ = self._native
         if self._nbytes < OVERLAP_BYTES or not views:
-            return "xxh3"
+            return "xxh3", None
         dense = self._dense[0]
         digest, threads = self._digest, self._inline_threads
         passes = {
@@ -223,12 +229,12 @@ class FrozenWeights:
                 start = time.perf_counter()
                 run()
                 best[name] = min(best[name], time.perf_counter() - start)
-        self._inline_times = best
-        return min(best, key=lambda name: (best[name], name != "xxh3"))
+        return min(best, key=lambda name: (best[name], name != "xxh3")), best
 
     def describe(self) -> dict:
         """How a call checks these weights, for explain(): beside it or before it, on how many
-        CPUs, with which pass (and the build's timing of both, where it chose)."""
+        CPUs at most (the extension hashes whole weights, one thread a megabyte, 8 at most),
+        with which pass (and the timing of both, where it chose)."""
         if self.overlap:
             return {"beside": True, "threads": self._beside_threads, "pass": "native"}
         native = self.inline_pass == "native"
@@ -254,7 +260,7 @@ class FrozenWeights:
         """Whether any baked weight among `args` changed: another tensor object, data pointer,
         version counter, strides or storage size, or other bytes: XXH3-128, or with `gil_free`
         the extension's fingerprint, hashed without holding the GIL on `threads` threads (None:
-        every CPU); `gil_free=None` takes the pass picked at build (`inline_pass`)."""
+        every CPU); `gil_free=None` takes the pass timed on first use (`inline_pass`)."""
         current = self._pick(args)
         if (
             not all(map(operator.is_, current, self._tensors))
