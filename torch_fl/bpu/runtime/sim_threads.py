@@ -29,7 +29,8 @@ PAUSE_S = 0.02
 """Idle time before each timed run. A call after a pause finds ORT's pool threads asleep (they
 spin only briefly after a run) and pays their wake-up; back-to-back runs do not, and on a 2-vCPU
 VM they made 2 threads look faster while every single call was slower. The pause times what a
-caller sees when its calls have gaps (a camera loop, a request), as scripts/bench_sim.py does."""
+caller sees when its calls have gaps (a camera loop, a request), as scripts/bench_sim.py's gapped
+timing does (its steady timing calls back to back)."""
 TURN_WARMUPS = 1
 """Untimed runs of a callable at the start of each of its turns, before the timed one. The first
 run of an ONNX Runtime session right after another session ran is slow: its pool's threads wake
