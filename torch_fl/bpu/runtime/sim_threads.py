@@ -23,8 +23,11 @@ from torch_fl.bpu.settings import usable_cpus
 
 __all__ = ["ThreadChoice", "candidates", "choose", "measure", "usable_cpus"]
 
-ROUNDS = 3
-"""Timed runs per candidate (after one untimed warm-up each)."""
+ROUNDS = 7
+"""Timed runs per candidate (after one untimed warm-up each), fewer where `BUDGET_S` runs out.
+Three were too few on a noisy VM: ViT-S/16 at batch 1 once chose 1 thread on its first call
+(1 thread 22.91 ms, 2 threads 25.97 ms), where the same sessions later in that process took
+21.56 and 13.00 ms back to back; a median of three is lost to two slow rounds."""
 PAUSE_S = 0.02
 """Idle time before each timed run. A call after a pause finds ORT's pool threads asleep (they
 spin only briefly after a run) and pays their wake-up; back-to-back runs do not, and on a 2-vCPU
