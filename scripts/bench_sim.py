@@ -126,6 +126,10 @@ def _ratios(lat: dict[str, float]) -> dict[str, float]:
     return {k: round(lat[peer] / lat["sim"], 3) for k, peer in TARGETS.items()}
 
 
+def _met(ratios: dict[str, float]) -> dict[str, bool]:
+    return {k: v >= 1.0 for k, v in ratios.items()}
+
+
 def _ort_session(path_or_bytes, threads: int, optimized: str | None = None, disabled=()):
     import onnxruntime as ort
 
@@ -278,8 +282,9 @@ def measure(name: str, batch: int, threads: list[int], iters: int, peers: dict) 
             if pt2e is not None:
                 fns["pt2e_int8"] = lambda: pt2e(x)
             with torch.no_grad():
-                lat = _steady(fns, iters, SETTLE_S if n > 1 else 0.0)
-                gapped = _medians(fns, iters, SETTLE_S if n > 1 else 0.0)
+                settle = SETTLE_S if n > 1 else 0.0
+                lat = _steady(fns, iters, settle)
+                gapped = _medians(fns, iters, settle)
                 got = sim(x)
             cos = torch.nn.functional.cosine_similarity(
                 got.flatten().double(), ref.flatten().double(), dim=0
@@ -297,8 +302,8 @@ def measure(name: str, batch: int, threads: list[int], iters: int, peers: dict) 
                 "partitions": len(runtimes),
                 "sim_threads": [r.entry.sim_threads for r in runtimes],
             }
-            row["targets"] = {k: v >= 1.0 for k, v in row["ratios"].items()}
-            row["targets_gapped"] = {k: v >= 1.0 for k, v in row["ratios_gapped"].items()}
+            row["targets"] = _met(row["ratios"])
+            row["targets_gapped"] = _met(row["ratios_gapped"])
             if batch == 1 and n == 1 and runtimes:
                 row["breakdown"] = breakdown(sim, runtimes[0], x, iters, tmp)
             rows.append(row)

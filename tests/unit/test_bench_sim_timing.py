@@ -53,8 +53,8 @@ def _row(steady: dict[str, float], gapped: dict[str, float]) -> dict:
         "ratios": bench_sim._ratios(steady),
         "ratios_gapped": bench_sim._ratios(gapped),
     }
-    row["targets"] = {k: v >= 1.0 for k, v in row["ratios"].items()}
-    row["targets_gapped"] = {k: v >= 1.0 for k, v in row["ratios_gapped"].items()}
+    row["targets"] = bench_sim._met(row["ratios"])
+    row["targets_gapped"] = bench_sim._met(row["ratios_gapped"])
     return row
 
 
