@@ -17,6 +17,7 @@ from torch import nn
 import torch_fl.bpu as bpu
 from tests.compile.bpu_helpers import STANDINS, cosine
 from tests.compile.test_drivers import libhbtl, x86  # noqa: F401  (fixtures: hbdk4 stand-in)
+from tests.support.process import run_process
 from torch_fl.atomic import sha256_file
 from torch_fl.bpu import bundle
 from torch_fl.bpu.errors import CalibrationError, ExportError
@@ -50,10 +51,7 @@ def _run_py(
     (blocker / "torch.py").write_text("raise ImportError('torch is not on this board')\n")
     (blocker / "torch_fl.py").write_text("raise ImportError('torch_fl is not on this board')\n")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(map(str, [blocker, *pythonpath]))}
-    return subprocess.run(
-        [sys.executable, str(path / "run.py"), *extra], capture_output=True, text=True, env=env,
-        timeout=120, cwd=tmp,
-    )  # fmt: skip
+    return run_process([sys.executable, str(path / "run.py"), *extra], env, 120, tmp)
 
 
 @pytest.mark.board  # deploy on the board: export there, load, and run.py with no torch

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,20 +25,64 @@ class Completed:
     stderr: str
 
 
+# qemu's `virt` machine, the lab's emulated board, names itself in the device tree; no board does.
+QEMU_VIRT_DT = Path("/sys/firmware/devicetree/base/compatible")
+EMULATOR_SIGILL_RETRIES = 1
+"""Runs more of a process that qemu's TCG killed with SIGILL on the emulated board. The lab's
+qemu (Debian's 7.2) has killed a fresh process there with SIGILL now and then, each time at a
+different place and never twice in a row: pip's build backend at its start (the torch_fl wheel
+build), and the second of two identical `torch.compile` interpreters of the exit lane (CI, the
+first passed). A real illegal instruction is deterministic, happens again, and still fails;
+anywhere else than on qemu's virt machine a SIGILL is never run again."""
+
+
+class EmulatorSigill(UserWarning):
+    """A process the emulated board's qemu killed with SIGILL, run once more (pytest lists it)."""
+
+
+def on_qemu_virt(dt: Path = QEMU_VIRT_DT) -> bool:
+    """Whether this machine is qemu's `virt` machine (its device tree is `linux,dummy-virt`)."""
+    try:
+        return b"linux,dummy-virt" in dt.read_bytes()
+    except OSError:
+        return False
+
+
+def run_process(
+    argv: Sequence[str],
+    env: dict[str, str] | None = None,
+    timeout: float = 120.0,
+    cwd: Path | str | None = None,
+    retries: int = EMULATOR_SIGILL_RETRIES,
+    emulated: bool | None = None,
+) -> subprocess.CompletedProcess:
+    """`argv` to completion, output captured as text; a SIGILL on qemu's virt machine is run
+    again up to `retries` times, with an `EmulatorSigill` warning each time (`emulated`: None
+    detects it)."""
+    emulated = on_qemu_virt() if emulated is None else emulated
+    for attempt in range(retries + 1):
+        proc = subprocess.run(
+            list(argv), env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout
+        )
+        if proc.returncode != -signal.SIGILL or not emulated or attempt == retries:
+            return proc
+        warnings.warn(
+            EmulatorSigill(
+                f"{Path(argv[0]).name} was killed by SIGILL on qemu's virt machine (try "
+                f"{attempt + 1} of {retries + 1}); running it again. stderr: {proc.stderr[-300:]}"
+            ),
+            stacklevel=2,
+        )
+    raise AssertionError("unreachable: the last try returns")
+
+
 def run_python(
     code: str, env: dict[str, str] | None = None, timeout: float = 120.0, cwd: Path | None = None
 ) -> Completed:
     """Run `code` in a fresh interpreter (real process exit, real library teardown)."""
     full_env = dict(os.environ)
     full_env.update(env or {})
-    proc = subprocess.run(
-        [sys.executable, "-c", code],
-        env=full_env,
-        cwd=str(cwd or ROOT),
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+    proc = run_process([sys.executable, "-c", code], full_env, timeout, str(cwd or ROOT))
     return Completed(proc.returncode, proc.stdout, proc.stderr)
 
 
