@@ -334,7 +334,9 @@ def _qemu_argv(kdir: Path, run: Path, port: int, memory_mb: int) -> list[str]:
         "-initrd",
         str(run / "initrd.cpio.gz"),
         "-append",
-        "console=ttyAMA0 rdinit=/init panic=-1",
+        # exception-trace: the kernel logs each process it kills for an undefined instruction
+        # (qemu's TCG raises spurious ones now and then; docs/board-lab.md).
+        "console=ttyAMA0 rdinit=/init panic=-1 sysctl.debug.exception-trace=1",
         "-netdev",
         f"user,id=n0,hostfwd=tcp:127.0.0.1:{port}-:22",
         # Debian's qemu lacks the virtio NIC option ROM; the lab boots without firmware.

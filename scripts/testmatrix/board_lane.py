@@ -15,6 +15,7 @@ does not boot), that is this lane's infra-error, named.
 
 from __future__ import annotations
 
+import re
 import shutil
 import sys
 import time
@@ -33,6 +34,29 @@ from scripts.testmatrix.schema import Lane
 # and the proof that a small net compiles under the eager and sim executors.
 STEPS = "torch_env,torch_fl,build_verify"
 PLACE = "emulated-board"
+EMULATOR_RERUNS = 1
+"""Runs more of a lane that failed while qemu killed a process on the board with SIGILL. The
+lab's qemu (TCG, Debian's 7.2) does that now and then, each time somewhere else (a wheel build's
+backend, an interpreter of the exit tests: docs/board-lab.md); the lab boots with
+debug.exception-trace=1, so the guest kernel names each such process. A lane that fails with no
+such report, or fails again on a fresh board, fails."""
+# The guest kernel's report of a process killed by an undefined instruction, e.g.
+# "[   30.141454] udf[97]: unhandled exception: undefined instruction in udf[768,aaaad22f0000+10000]"
+_GUEST_SIGILL = re.compile(r"^.*\S+\[\d+\]: unhandled exception: .*undefined instruction.*$", re.M)
+
+
+def emulator_sigills(kernel_log: str) -> list[str]:
+    """The guest kernel's lines about processes it killed with SIGILL (undefined instruction)."""
+    return [m.group(0).strip() for m in _GUEST_SIGILL.finditer(kernel_log)]
+
+
+def rerun_reason(result: LaneResult, sigills: list[str]) -> str | None:
+    """Why a lane runs again on a fresh board (it failed and qemu killed a process with SIGILL
+    meanwhile), or None."""
+    if result.ok or not sigills:
+        return None
+    more = f" and {len(sigills) - 1} more" if len(sigills) > 1 else ""
+    return f"the emulator killed a process with SIGILL during the lane ({sigills[0]}{more})"
 
 
 class _Log:
@@ -135,25 +159,53 @@ def _drive(job, lab, log: _Log):
 
 
 def run_on_emulated_board(lane: Lane, root: Path, matrix_file: Path, outputs, stream) -> LaneResult:
-    """Run `lane` on a private emulated board booted from `lane.on_board`; its results."""
+    """Run `lane` on a private emulated board booted from `lane.on_board`; its results (run
+    again on a fresh board, up to EMULATOR_RERUNS times, where qemu's SIGILL is why it failed)."""
+    started = time.monotonic()
+    junit = outputs.junit(lane.name)
+    log = _Log(outputs.log(lane.name), stream)
+    result, records = LaneResult(lane.name, "ran", workers=lane.workers), []
+    try:
+        for attempt in range(EMULATOR_RERUNS + 1):
+            result, records, sigills = _run_once(lane, root, matrix_file, outputs, log)
+            for line in sigills:
+                log(f"guest kernel: {line}")
+            again = rerun_reason(result, sigills)
+            if again is None or attempt == EMULATOR_RERUNS:
+                break
+            log(f"{again}: running the lane again on a fresh board ({result.buckets})")
+    finally:
+        result.duration_s = time.monotonic() - started
+        log(f"lane finished in {result.duration_s:.0f}s: {result.buckets}")
+        log.close()
+        result.log = str(outputs.log(lane.name))
+        finish_junit(result, junit, records)
+    return result
+
+
+def _run_once(
+    lane: Lane, root: Path, matrix_file: Path, outputs, log: _Log
+) -> tuple[LaneResult, list[dict], list[str]]:
+    """One run of `lane` on a fresh board: its result, per-test records, and the guest kernel's
+    SIGILL reports (read before the board stops)."""
     from scripts import lab as lab_pkg
     from scripts.farm.emu import PrivateLab
 
     result = LaneResult(lane.name, "ran", workers=lane.workers)
-    started = time.monotonic()
     junit = outputs.junit(lane.name)
-    log = _Log(outputs.log(lane.name), stream)
     work = outputs.out_dir / "board" / lane.name
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
     image, page_size = lane.on_board or "", lab_pkg.DEFAULT_PAGE_SIZE
     records: list[dict] = []
+    sigills: list[str] = []
     private = PrivateLab(work / "lab", page_size, image)
+    lab = None
     try:
         ok, why = lab_pkg.capability(page_size, image)
         if not ok:
             result.add("infra-error", lane.name, f"the emulated board cannot start here: {why}")
-            return result
+            return result, records, sigills
         _, meta = _products(page_size, image, log)
         house = _wheelhouse(meta, log)
         log(f"booting the {page_size} board with the {image} image")
@@ -173,13 +225,29 @@ def run_on_emulated_board(lane: Lane, root: Path, matrix_file: Path, outputs, st
     except Exception as exc:  # noqa: BLE001 - any failure to get the lane going is its infra-error
         result.add("infra-error", lane.name, f"{type(exc).__name__}: {exc}")
     finally:
+        if lab is not None:
+            sigills = _guest_sigills(lab, log)
         private.stop()
-        result.duration_s = time.monotonic() - started
-        log(f"lane finished in {result.duration_s:.0f}s: {result.buckets}")
-        log.close()
-        result.log = str(outputs.log(lane.name))
-        finish_junit(result, junit, records)
-    return result
+    return result, records, sigills
+
+
+def _guest_sigills(lab, log: _Log) -> list[str]:
+    """The SIGILL reports in the running board's kernel log ([] where it cannot be read)."""
+    from scripts.lab import vm
+
+    try:
+        board = vm.target(lab)
+        try:
+            rc, out, err = board.run("dmesg", timeout=60)
+        finally:
+            board.close()
+    except Exception as exc:  # noqa: BLE001 - a board that no longer answers has no log to give
+        log(f"the guest kernel's log could not be read: {type(exc).__name__}: {exc}")
+        return []
+    if rc != 0:
+        log(f"the guest kernel's log could not be read (rc {rc}): {err.strip()[-200:]}")
+        return []
+    return emulator_sigills(out)
 
 
 def _write_provision_summary(outcome, log: _Log) -> None:

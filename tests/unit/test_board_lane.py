@@ -300,3 +300,80 @@ def test_lab_tasks_refuse_an_unknown_or_empty_image_before_building(argv, messag
     )  # fmt: skip
     assert done.returncode == 2, done.stdout + done.stderr
     assert message in done.stderr
+
+
+GUEST_LOG = """\
+[   20.975349]     TERM=linux
+[   30.141454] udf[97]: unhandled exception: undefined instruction in udf[768,aaaad22f0000+10000]
+[   30.142453] CPU: 1 UID: 0 PID: 97 Comm: udf Not tainted 6.12.117 #1
+[   31.000000] python3[120]: unhandled exception: EL0 Data Abort, ESR 0x92000006, in libc.so.6
+"""
+
+
+def test_the_guest_kernels_sigill_reports_are_found() -> None:
+    from scripts.testmatrix.board_lane import emulator_sigills
+
+    found = emulator_sigills(GUEST_LOG)
+    assert found == [
+        "[   30.141454] udf[97]: unhandled exception: undefined instruction in "
+        "udf[768,aaaad22f0000+10000]"
+    ]  # the data abort (SIGSEGV) is no emulator SIGILL
+    assert emulator_sigills("") == []
+
+
+def _fake_runs(monkeypatch, outcomes: list[tuple[str, list[str]]]) -> list[int]:
+    """board_lane._run_once replaced: each call takes the next (bucket, sigill lines)."""
+    from scripts.testmatrix import board_lane
+    from scripts.testmatrix.results import LaneResult
+
+    calls: list[int] = []
+
+    def run_once(lane, root, matrix_file, outputs, log):
+        bucket, sigills = outcomes[len(calls)]
+        calls.append(1)
+        result = LaneResult(lane.name, "ran")
+        result.add(bucket, f"tests/x.py::t{len(calls)}", "rc=-4" if bucket != "passed" else "")
+        return result, [], sigills
+
+    monkeypatch.setattr(board_lane, "_run_once", run_once)
+    return calls
+
+
+@pytest.mark.parametrize(
+    ("outcomes", "runs", "ok"),
+    [
+        (
+            [("failed", ["udf[97]: unhandled exception: undefined instruction"]), ("passed", [])],
+            2,
+            True,
+        ),
+        ([("failed", [])], 1, False),  # no SIGILL from the emulator: the failure stands
+        ([("passed", ["x[1]: unhandled exception: undefined instruction"])], 1, True),
+        (
+            [("infra-error", ["a[1]: unhandled exception: undefined instruction"])] * 2,
+            2,  # once more only
+            False,
+        ),
+    ],
+)
+def test_a_lane_the_emulators_sigill_failed_runs_again_once(
+    tmp_path: Path, monkeypatch, outcomes, runs, ok
+) -> None:
+    from scripts.testmatrix.board_lane import run_on_emulated_board
+    from scripts.testmatrix.results import OutputDirs
+
+    calls = _fake_runs(monkeypatch, outcomes)
+    lane = parse(MATRIX, "m.yaml").lanes["on-board"]
+    outputs = OutputDirs(tmp_path / "out", tmp_path / "junit")
+    result = run_on_emulated_board(lane, REPO, REPO / "matrix.yaml", outputs, io.StringIO())
+    assert (len(calls), result.ok) == (runs, ok)
+    text = outputs.log(lane.name).read_text()
+    assert ("running the lane again on a fresh board" in text) == (runs == 2)
+    assert outputs.junit(lane.name).is_file()
+
+
+def test_the_lab_kernel_logs_the_processes_it_kills() -> None:
+    from scripts.lab import vm
+
+    argv = vm._qemu_argv(Path("/k"), Path("/r"), 2222, 1024)
+    assert "sysctl.debug.exception-trace=1" in argv[argv.index("-append") + 1].split()
