@@ -10,9 +10,11 @@ import pytest
 
 from tests.support.process import EmulatorSigill, on_qemu_virt, run_process
 
-# Dies of SIGILL while the counter file holds fewer than `n` marks, one mark per run.
+# Dies of SIGILL while the counter file holds fewer than `n` marks, one mark per run (no core
+# file: a machine with core dumps on would otherwise write one per death).
 SIGILL_FIRST_N = """
-import os, signal, sys
+import os, resource, signal, sys
+resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
 path, n = sys.argv[1], int(sys.argv[2])
 with open(path, "a") as f:
     f.write("x")
@@ -34,18 +36,18 @@ def test_a_sigill_on_the_emulator_is_run_again_once(tmp_path: Path):
     with pytest.warns(
         EmulatorSigill, match=r"killed by SIGILL on qemu's virt machine \(try 1 of 2"
     ):
-        proc = run_process(_argv(tmp_path, 1), emulated=True)
+        proc = run_process(_argv(tmp_path, 1), cwd=tmp_path, emulated=True)
     assert (proc.returncode, proc.stdout.strip(), _runs(tmp_path)) == (0, "survived", 2)
 
 
 def test_a_sigill_twice_on_the_emulator_fails(tmp_path: Path):
     with pytest.warns(EmulatorSigill):
-        proc = run_process(_argv(tmp_path, 5), emulated=True)
+        proc = run_process(_argv(tmp_path, 5), cwd=tmp_path, emulated=True)
     assert (proc.returncode, _runs(tmp_path)) == (-signal.SIGILL, 2)
 
 
 def test_a_sigill_elsewhere_is_never_run_again(tmp_path: Path, recwarn: pytest.WarningsRecorder):
-    proc = run_process(_argv(tmp_path, 1), emulated=False)
+    proc = run_process(_argv(tmp_path, 1), cwd=tmp_path, emulated=False)
     assert (proc.returncode, _runs(tmp_path)) == (-signal.SIGILL, 1)
     assert not [w for w in recwarn if issubclass(w.category, EmulatorSigill)]
 
