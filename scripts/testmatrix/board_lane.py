@@ -202,31 +202,33 @@ def _run_once(
     private = PrivateLab(work / "lab", page_size, image)
     lab = None
     try:
-        ok, why = lab_pkg.capability(page_size, image)
-        if not ok:
-            result.add("infra-error", lane.name, f"the emulated board cannot start here: {why}")
-            return result, records, sigills
-        _, meta = _products(page_size, image, log)
-        house = _wheelhouse(meta, log)
-        log(f"booting the {page_size} board with the {image} image")
-        lab = private.start()
-        log(f"board up: ssh root@127.0.0.1:{lab.port}")
-        job = _job(root, matrix_file, lane, work, lab, house)
-        outcome = _drive(job, lab, log)
-        _write_provision_summary(outcome, log)
-        for path in outcome.results:
-            if Path(path).name == f"{lane.name}.jsonl":
-                records = read_records(Path(path))
-        for path in outcome.junit:
-            if Path(path).name == f"{lane.name}.xml":
-                junit.parent.mkdir(parents=True, exist_ok=True)
-                shutil.copyfile(path, junit)
-        _classify(result, records, outcome)
-    except Exception as exc:  # noqa: BLE001 - any failure to get the lane going is its infra-error
-        result.add("infra-error", lane.name, f"{type(exc).__name__}: {exc}")
-    finally:
+        try:
+            ok, why = lab_pkg.capability(page_size, image)
+            if not ok:
+                result.add("infra-error", lane.name, f"the emulated board cannot start here: {why}")
+                return result, records, sigills
+            _, meta = _products(page_size, image, log)
+            house = _wheelhouse(meta, log)
+            log(f"booting the {page_size} board with the {image} image")
+            lab = private.start()
+            log(f"board up: ssh root@127.0.0.1:{lab.port}")
+            job = _job(root, matrix_file, lane, work, lab, house)
+            outcome = _drive(job, lab, log)
+            _write_provision_summary(outcome, log)
+            for path in outcome.results:
+                if Path(path).name == f"{lane.name}.jsonl":
+                    records = read_records(Path(path))
+            for path in outcome.junit:
+                if Path(path).name == f"{lane.name}.xml":
+                    junit.parent.mkdir(parents=True, exist_ok=True)
+                    shutil.copyfile(path, junit)
+            _classify(result, records, outcome)
+        except Exception as exc:  # noqa: BLE001 - any failure to get the lane going is its infra-error
+            result.add("infra-error", lane.name, f"{type(exc).__name__}: {exc}")
+        # Not on Ctrl-C: the board stops at once, unread.
         if lab is not None:
             sigills = _guest_sigills(lab, log)
+    finally:
         private.stop()
     return result, records, sigills
 
