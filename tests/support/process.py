@@ -60,20 +60,26 @@ def run_process(
     again up to `retries` times, with an `EmulatorSigill` warning each time (`emulated`: None
     detects it)."""
     emulated = on_qemu_virt() if emulated is None else emulated
-    for attempt in range(retries + 1):
-        proc = subprocess.run(
-            list(argv), env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout
+    argv = list(argv)
+
+    def once() -> subprocess.CompletedProcess:
+        return subprocess.run(
+            argv, env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout
         )
-        if proc.returncode != -signal.SIGILL or not emulated or attempt == retries:
-            return proc
+
+    proc = once()
+    for attempt in range(1, retries + 1):
+        if proc.returncode != -signal.SIGILL or not emulated:
+            break
         warnings.warn(
             EmulatorSigill(
                 f"{Path(argv[0]).name} was killed by SIGILL on qemu's virt machine (try "
-                f"{attempt + 1} of {retries + 1}); running it again. stderr: {proc.stderr[-300:]}"
+                f"{attempt} of {retries + 1}); running it again. stderr: {proc.stderr[-300:]}"
             ),
             stacklevel=2,
         )
-    raise AssertionError("unreachable: the last try returns")
+        proc = once()
+    return proc
 
 
 def run_python(
