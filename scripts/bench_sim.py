@@ -53,7 +53,7 @@ from tests.support.pt2e import quantize as pt2e_quantize  # noqa: E402
 from torch_fl.bpu import report  # noqa: E402
 from torch_fl.bpu.conversion import calibration_store  # noqa: E402
 from torch_fl.bpu.runtime import sim_threads  # noqa: E402
-from torch_fl.bpu.runtime.executors import UNFUSED  # noqa: E402
+from torch_fl.bpu.runtime.executors import UNFUSED, lookup_library  # noqa: E402
 
 MODELS = ("resnet18", "mobilenetv3", "vit", "transformer_encoder")
 TARGETS = {"sim_vs_ort_int8": "ort_int8", "sim_vs_ort_fp32": "ort_fp32"}
@@ -130,13 +130,17 @@ def _met(ratios: dict[str, float]) -> dict[str, bool]:
     return {k: v >= 1.0 for k, v in ratios.items()}
 
 
-def _ort_session(path_or_bytes, threads: int, optimized: str | None = None, disabled=()):
+def _ort_session(
+    path_or_bytes, threads: int, optimized: str | None = None, disabled=(), lookups=False
+):
     import onnxruntime as ort
 
     options = ort.SessionOptions()
     options.log_severity_level = 3
     options.intra_op_num_threads = threads
     options.inter_op_num_threads = 1
+    if lookups:
+        options.register_custom_ops_library(lookup_library())
     if optimized:
         options.optimized_model_filepath = optimized
     return ort.InferenceSession(
@@ -170,21 +174,46 @@ def _sim(model, x, calib, threads: int):
     return compiled, runtimes
 
 
-def _fused_counts(runtime, threads: int, tmp: Path) -> dict:
-    """What ORT runs for this partition after its optimizer: fused integer vs float Q/DQ."""
+def _integer_graph(runtime, lookups: bool):
+    """The partition's integer-form graph as its executor builds it (with or without lookups)."""
     import onnx
 
     from torch_fl.bpu.conversion.integer_form import to_integer_form
+    from torch_fl.bpu.conversion.lookups import fuse_lookups
+
+    graph = to_integer_form(onnx.load_from_string(runtime.last_build.onnx_bytes),
+                            runtime._exec.kernels.path)  # fmt: skip
+    if lookups:
+        fuse_lookups(graph)
+    return graph
+
+
+def _session_without_lookups(runtime):
+    """An ORT session of the partition's integer graph with ORT's own float ops for its
+    elementwise chains, at the executor's threads (None where it has no lookups)."""
+    executor = runtime._exec
+    if not getattr(executor, "lookups", 0):
+        return None
+    graph = _integer_graph(runtime, lookups=False)
+    return _ort_session(graph.SerializeToString(), executor.threads or 0, None, UNFUSED)
+
+
+def _fused_counts(runtime, threads: int, tmp: Path) -> dict:
+    """What ORT runs for this partition after its optimizer: fused integer vs float Q/DQ, and
+    the elementwise chains it runs as table lookups."""
+    import onnx
 
     path = runtime._exec.kernels.path
     if path == "float":
         return {"kernel_path": path}
-    graph = to_integer_form(onnx.load_from_string(runtime.last_build.onnx_bytes), path)
+    lookups = getattr(runtime._exec, "lookups", 0)
+    graph = _integer_graph(runtime, lookups=bool(lookups))
     optimized = tmp / "sim_optimized.onnx"
-    _ort_session(graph.SerializeToString(), threads, str(optimized), UNFUSED)
+    _ort_session(graph.SerializeToString(), threads, str(optimized), UNFUSED, bool(lookups))
     ops = Counter(n.op_type for n in onnx.load(str(optimized)).graph.node)
     return {
         "kernel_path": path,
+        "lookups": lookups,
         "fused_integer_nodes": sum(v for k, v in ops.items() if k in FUSED),
         "float_qdq_nodes": ops["QuantizeLinear"] + ops["DequantizeLinear"],
         "other_nodes": sum(v for k, v in ops.items() if k not in FUSED)
@@ -222,6 +251,9 @@ def breakdown(compiled, runtime, x, iters: int, tmp: Path) -> dict:
     }
     if frozen is not None:
         fns["weight_check_alone"] = lambda: frozen.stale(args)
+    plain = _session_without_lookups(runtime)
+    if plain is not None:
+        fns["ort_session_without_lookups"] = lambda: plain.run(names, feed)
     with torch.no_grad():
         lat = _medians(fns, iters)
     weights = sum(args[p].numel() * args[p].element_size() for p in runtime.spec.frozen_positions)
@@ -384,18 +416,23 @@ def _row_line(row: dict) -> str:
 
 
 def _breakdown_table(rows: list[dict]) -> str:
-    keys = ("ort_session", "conversion_ms", "check_added_ms", "weight_check_alone",
-            "harness_ms", "compiled_call")  # fmt: skip
+    keys = ("ort_session", "ort_session_without_lookups", "conversion_ms", "check_added_ms",
+            "weight_check_alone", "harness_ms", "compiled_call")  # fmt: skip
     lines = [
         "breakdown of one sim call, batch 1, 1 thread (ms; medians):",
-        f"{'model':<20} " + " ".join(f"{k:>18}" for k in keys) + "  kernels  fused / float Q,DQ",
+        f"{'model':<20} "
+        + " ".join(f"{k:>18}" for k in keys)
+        + "  kernels  fused / float Q,DQ / lookups",
     ]
     for row in rows:
         b = row.get("breakdown")
         if not b:
             continue
         vals = " ".join(f"{b[k]:18.3f}" if k in b else f"{'-':>18}" for k in keys)
-        fused = f"{b.get('fused_integer_nodes', '-')} / {b.get('float_qdq_nodes', '-')}"
+        fused = (
+            f"{b.get('fused_integer_nodes', '-')} / {b.get('float_qdq_nodes', '-')}"
+            f" / {b.get('lookups', '-')}"
+        )
         lines.append(f"{row['model']:<20} {vals}  {b['kernel_path']:<7}  {fused}")
     return "\n".join(lines)
 

@@ -13,6 +13,7 @@
 #include "runtime/caching_allocator.h"
 #include "runtime/device_guard.h"
 #include "runtime/fingerprint.h"
+#include "runtime/ort_lookup.h"
 #include "runtime/hooks.h"
 #include "runtime/ucp_runtime.h"
 
@@ -111,6 +112,39 @@ PYBIND11_MODULE(_C, m) {
       },
       py::arg("tensors"), py::arg("portable") = false, py::arg("threads") = 1);
   m.def("_fingerprint_kernel", [] { return std::string(torch_fl::fingerprint_kernel()); });
+
+  // The sim's byte-table lookup (csrc/runtime/ort_lookup.cpp) on Python bytes, for tests that
+  // compare its two forms; `_lookup_kernel`: which form ONNX Runtime's lookup ops use here.
+  m.def(
+      "_lookup_bytes",
+      [](py::bytes table, py::bytes x, bool portable) {
+        const std::string tab = table, in = x;
+        TORCH_CHECK(tab.size() == 256, "_lookup_bytes: the table must have 256 bytes, got ",
+                    tab.size());
+        std::string out(in.size(), '\0');
+        torch_fl::lookup_bytes(reinterpret_cast<const uint8_t*>(tab.data()),
+                               reinterpret_cast<const uint8_t*>(in.data()),
+                               reinterpret_cast<uint8_t*>(out.data()), in.size(), portable);
+        return py::bytes(out);
+      },
+      py::arg("table"), py::arg("x"), py::arg("portable") = false);
+  m.def(
+      "_lookup_floats",
+      [](py::bytes table, py::bytes x, bool portable) {
+        const std::string tab = table, in = x;
+        TORCH_CHECK(tab.size() == 1024, "_lookup_floats: the table must have 256 floats (1024 "
+                    "bytes), got ", tab.size(), " bytes");
+        std::vector<float> floats(256);
+        std::memcpy(floats.data(), tab.data(), 1024);
+        std::string out(4 * in.size(), '\0');
+        std::vector<float> y(in.size());
+        torch_fl::lookup_floats(floats.data(), reinterpret_cast<const uint8_t*>(in.data()),
+                                y.data(), in.size(), portable);
+        std::memcpy(out.data(), y.data(), out.size());
+        return py::bytes(out);
+      },
+      py::arg("table"), py::arg("x"), py::arg("portable") = false);
+  m.def("_lookup_kernel", [] { return std::string(torch_fl::lookup_kernel()); });
 
   m.def("_device_count", [] { return static_cast<int>(torch_fl::kDeviceCount); });
   m.def("_current_device", [] { return static_cast<int>(torch_fl::current_device()); });

@@ -174,7 +174,18 @@ class Report:
             for p in self.partitions
             if p.sim_kernels and p.executor == "sim"
         }
-        return [f"sim kernels: {path} ({why})" for path, why in sorted(kernels)]
+        lines = [f"sim kernels: {path} ({why})" for path, why in sorted(kernels)]
+        lookups = [
+            (g.graph_id, p.id, p.sim_kernels.get("lookups", 0))
+            for g in self.graphs
+            for p in g.partitions
+            if p.sim_kernels and p.executor == "sim" and p.sim_kernels.get("lookups")
+        ]
+        lines += [
+            f"sim lookups: graph {gid} part {pid}: {n} elementwise chains as 8-bit table lookups"
+            for gid, pid, n in lookups
+        ]
+        return lines
 
     def _thread_lines(self) -> list[str]:
         return [

@@ -382,6 +382,17 @@ class BpuSettings:
         "`float`: Q/DQ as float rounding steps around float kernels.",
         "FLAGOS_BPU_SIM_KERNELS",
     )
+    sim_lookups: bool = _option(
+        True,
+        _parse_bool,
+        "bool",
+        "In the sim's fused integer graph, run each elementwise float chain between 8-bit "
+        "tensors (hardswish, SiLU, GELU, a squeeze-excitation scale) as one table lookup over "
+        "its input bytes, as the BPU does: the table is the chain's own float result for every "
+        "input, so the numbers are the float path's (conversion/lookups.py). False: ONNX "
+        "Runtime's dequantize, float kernels and quantize.",
+        "FLAGOS_BPU_SIM_LOOKUPS",
+    )
     # last: the field named `float` shadows the builtin in the rest of the class body
     int16: tuple = _option(
         (),

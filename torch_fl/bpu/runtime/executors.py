@@ -10,6 +10,7 @@ converts. Which one runs is chosen in registry.py.
 from __future__ import annotations
 
 import ctypes
+import functools
 import importlib
 import importlib.util
 import os
@@ -22,6 +23,7 @@ import onnx
 import torch
 
 from torch_fl.bpu.conversion.integer_form import to_integer_form
+from torch_fl.bpu.conversion.lookups import fuse_lookups
 from torch_fl.bpu.errors import ArtifactError
 from torch_fl.bpu.runtime import sim_threads
 from torch_fl.bpu.runtime.sim_kernels import KernelChoice
@@ -29,6 +31,22 @@ from torch_fl.host_view import cpu_views, to_device
 
 UNFUSED = ("SkipLayerNormFusion",)
 """ONNX Runtime graph fusions the sim's integer session runs without (measured slower)."""
+
+
+LOOKUP_MIN_ORT = (1, 17)
+"""The oldest ONNX Runtime with the custom-op interface the lookup ops use (csrc/runtime/ort_abi.h)."""
+
+
+@functools.cache
+def lookup_library() -> str | None:
+    """The shared library holding the lookup ops (this extension's own), or None where this
+    ONNX Runtime is too old to load them."""
+    import onnxruntime as ort
+
+    from torch_fl import _C
+
+    version = tuple(int(p) for p in ort.__version__.split(".")[:2] if p.isdigit())
+    return _C.__file__ if version >= LOOKUP_MIN_ORT else None
 
 
 class Executor(Protocol):
@@ -74,20 +92,29 @@ class SimExecutor:
         weights: Sequence[tuple[str, int]] = (),
         kernels: KernelChoice | None = None,
         thread_candidates: Sequence[int] = (),
+        lookups: bool = True,
     ) -> None:
         """`kernels`: the path of runtime/sim_kernels.py (None: float Q/DQ). `threads`: the ORT
         intra-op threads the session opens with (0: ORT's default); `thread_candidates`: the
-        counts `time_threads` measures (runtime/sim_threads.py; empty: `threads` is final)."""
+        counts `time_threads` measures (runtime/sim_threads.py; empty: `threads` is final).
+        `lookups`: the fused graph's elementwise chains as table lookups (conversion/lookups.py)
+        where this ONNX Runtime can load the lookup ops."""
         self.kernels = kernels or KernelChoice("float", "float Q/DQ")
         self.threads = threads
         self.thread_candidates = tuple(thread_candidates)
         self._trial: dict = {}
+        self.lookups = 0
+        """How many elementwise chains the session runs as table lookups."""
         if self.kernels.path != "float":
             try:
                 # the integer form ORT fuses into QLinearConv/QGemm/...; the path was probed
                 # exact on this CPU
                 model = to_integer_form(onnx.load_from_string(onnx_bytes), self.kernels.path)
-                self._open_session(model.SerializeToString(), fused=True)
+                fused = model.SerializeToString()
+                if lookups and lookup_library() is not None:
+                    self._open_with_lookups(model)
+                if not self.lookups:
+                    self._open_session(fused, fused=True)
             except Exception as exc:  # noqa: BLE001  (any rejection: the float path is exact)
                 why = str(exc).strip().splitlines()[0][:160] if str(exc).strip() else ""
                 self.kernels = KernelChoice(
@@ -111,6 +138,22 @@ class SimExecutor:
             raise ArtifactError(f"sim graph inputs {sorted(missing)} match no partition input")
         self._views: tuple[tuple[int, ...], dict] = ((), {})
         self._run = self.session.run
+
+    def _open_with_lookups(self, model: onnx.ModelProto) -> None:
+        """Open the session on `model` with its elementwise chains as lookups; where that
+        fails, `self.lookups` stays 0 and ORT's own ops run them (the same numbers)."""
+        try:
+            self.lookups = fuse_lookups(model)
+            if self.lookups:
+                self._open_session(model.SerializeToString(), fused=True)
+        except Exception as exc:  # noqa: BLE001  (any failure: the chains stay ORT's float ops)
+            self.lookups = 0
+            warnings.warn(
+                f"torch_fl.bpu: sim: table lookups could not run this partition "
+                f"({type(exc).__name__}: {str(exc).strip()[:160]}); ONNX Runtime's float ops run "
+                "its elementwise chains (the same numbers, slower)",
+                stacklevel=3,
+            )
 
     def _weight_feed(self, args: Sequence[torch.Tensor]) -> dict:
         ptrs, feed = self._views
@@ -142,6 +185,8 @@ class SimExecutor:
         if threads:
             options.intra_op_num_threads = threads
             options.inter_op_num_threads = 1
+        if self._fused and self.lookups:
+            options.register_custom_ops_library(lookup_library())
         # ORT's SkipLayerNormalization kernel (the fusion of Add + LayerNormalization) is slower
         # here than the two ops it replaces: the 4-layer encoder's fused sim session ran 6.72 ms
         # with it and 5.48 ms without (1 thread, AVX512-VNNI EPYC; the same float math)

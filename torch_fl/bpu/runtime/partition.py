@@ -418,8 +418,15 @@ class PartitionRuntime(torch.nn.Module):
             return
         self._exec = executor
         kernels = getattr(executor, "kernels", None)
+        inner_exec = getattr(executor, "inner", executor)  # OnDevice: the sim executor inside
         self.entry.sim_kernels = (
-            {"path": kernels.path, "reason": kernels.reason} if kernels is not None else None
+            {
+                "path": kernels.path,
+                "reason": kernels.reason,
+                "lookups": getattr(inner_exec, "lookups", 0),
+            }
+            if kernels is not None
+            else None
         )
         baked = how.baked_weights(settings)
         inner = getattr(executor, "inner", executor)  # OnDevice: the sim executor inside

@@ -62,6 +62,7 @@ def _make_sim(spec: PartitionSpec, settings: BpuSettings, result: BuildResult) -
         list(zip(spec.weight_names, spec.frozen_positions, strict=True)) if live else (),
         kernels,
         candidates if len(candidates) > 1 else (),
+        lookups=settings.sim_lookups,
     )
 
 

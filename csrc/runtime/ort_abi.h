@@ -1,0 +1,91 @@
+// The few parts of ONNX Runtime's C ABI that a custom-op library uses (ort_lookup.cpp), declared
+// here because ONNX Runtime's Python wheel carries its shared library but not its headers.
+//
+// The ABI is stable and append-only: `OrtApi` is a table of function pointers whose slots never
+// move once released, and `OrtCustomOp` a table of callbacks that ONNX Runtime reads only up to
+// the fields its `version` field says exist. The slot numbers below are positions in that table
+// (counted in the API of ORT_API_VERSION 29; every slot used here existed by version 16).
+// tests/unit/test_lookup_op.py runs the op in a real session: a wrong slot fails there.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace torch_fl::ort {
+
+// Opaque handles: ONNX Runtime owns them, this code only passes them back.
+struct Status;
+struct Value;
+struct KernelContext;
+struct KernelInfo;
+struct SessionOptions;
+struct CustomOpDomain;
+struct TypeShapeInfo;
+
+// ONNXTensorElementDataType values
+enum ElementType : int {
+  kUndefined = 0,
+  kFloat = 1,
+  kUint8 = 2,
+  kInt8 = 3,
+};
+
+// OrtErrorCode values
+enum ErrorCode : int {
+  kInvalidArgument = 2,
+};
+
+// OrtApiBase: what RegisterCustomOps receives.
+struct ApiBase {
+  const void* (*get_api)(uint32_t version);
+  const char* (*get_version_string)();
+};
+
+// The OrtApi version this library asks for: the custom-op callbacks below are those of
+// version 17 (KernelComputeV2 from 16, the opset range from 17). ONNX Runtime 1.17 and later.
+constexpr uint32_t kApiVersion = 17;
+
+// Slots of the OrtApi function table.
+namespace slot {
+constexpr int kCreateStatus = 0;  // (int code, const char* msg) -> Status*
+constexpr int kCreateCustomOpDomain = 26;
+constexpr int kCustomOpDomainAdd = 27;
+constexpr int kAddCustomOpDomain = 28;
+constexpr int kGetTensorMutableData = 51;
+constexpr int kGetTensorElementType = 60;
+constexpr int kGetDimensionsCount = 61;
+constexpr int kGetDimensions = 62;
+constexpr int kGetTensorShapeElementCount = 64;
+constexpr int kGetTensorTypeAndShape = 65;
+constexpr int kKernelContextGetInput = 90;
+constexpr int kKernelContextGetOutput = 91;
+constexpr int kReleaseTensorTypeAndShapeInfo = 99;
+}  // namespace slot
+
+// OrtCustomOp, up to the fields of version 17; ONNX Runtime reads no further for that version.
+struct CustomOp {
+  uint32_t version;
+  void* (*create_kernel)(const CustomOp*, const void* api, const KernelInfo*);
+  const char* (*get_name)(const CustomOp*);
+  const char* (*get_execution_provider_type)(const CustomOp*);
+  int (*get_input_type)(const CustomOp*, size_t index);
+  size_t (*get_input_type_count)(const CustomOp*);
+  int (*get_output_type)(const CustomOp*, size_t index);
+  size_t (*get_output_type_count)(const CustomOp*);
+  void (*kernel_compute)(void* kernel, KernelContext*);
+  void (*kernel_destroy)(void* kernel);
+  int (*get_input_characteristic)(const CustomOp*, size_t index);   // 0: required
+  int (*get_output_characteristic)(const CustomOp*, size_t index);  // 0: required
+  int (*get_input_memory_type)(const CustomOp*, size_t index);      // 0: the default
+  int (*get_variadic_input_min_arity)(const CustomOp*);
+  int (*get_variadic_input_homogeneity)(const CustomOp*);
+  int (*get_variadic_output_min_arity)(const CustomOp*);
+  int (*get_variadic_output_homogeneity)(const CustomOp*);
+  Status* (*create_kernel_v2)(const CustomOp*, const void* api, const KernelInfo*, void** kernel);
+  Status* (*kernel_compute_v2)(void* kernel, KernelContext*);
+  void* infer_output_shape;  // null: ONNX Runtime infers nothing for the output
+  int (*get_start_version)(const CustomOp*);
+  int (*get_end_version)(const CustomOp*);
+};
+
+}  // namespace torch_fl::ort

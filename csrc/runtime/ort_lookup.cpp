@@ -1,0 +1,463 @@
+// Table-lookup ops for the sim executor's ONNX Runtime sessions: an elementwise function of one
+// or two 8-bit tensors, evaluated by indexing a table that holds its value for every input byte
+// (pair), as the BPU evaluates its nonlinear activations. torch_fl/bpu/conversion/lookups.py
+// builds each table by running the very chain of float ops the table replaces on every input,
+// so the lookup gives the same numbers as the float path, in one pass over bytes instead of a
+// dequantize, float kernels and a quantize.
+//
+// Ops, in domain "torch_fl.bpu", named by output type (u8 / i8 / f32):
+//   Lookup<T>(table[256] of T, x)         y[i] = table[byte(x[i])]               (y shaped as x)
+//   Lookup2<T>(table[65536] of T, a, b)   y[i] = table[byte(a[i]) * 256 + byte(b[i])]  (u8, i8)
+// where x, a, b are uint8 or int8 (byte(): the raw byte) and a, b broadcast as in ONNX.
+// ONNX Runtime finds them through RegisterCustomOps (this extension's shared library is the
+// custom-op library: SessionOptions.register_custom_ops_library(torch_fl._C.__file__)).
+#include "runtime/ort_lookup.h"
+
+#include "runtime/ort_abi.h"
+
+#include <algorithm>
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
+#endif
+#include <cstring>
+#include <string>
+#include <vector>
+
+namespace torch_fl {
+namespace ort_lookup {
+
+void lookup_portable(const uint8_t* table, const uint8_t* x, uint8_t* y, size_t n) {
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {  // eight independent loads in flight
+    uint8_t v0 = table[x[i]], v1 = table[x[i + 1]], v2 = table[x[i + 2]], v3 = table[x[i + 3]];
+    uint8_t v4 = table[x[i + 4]], v5 = table[x[i + 5]], v6 = table[x[i + 6]], v7 = table[x[i + 7]];
+    y[i] = v0, y[i + 1] = v1, y[i + 2] = v2, y[i + 3] = v3;
+    y[i + 4] = v4, y[i + 5] = v5, y[i + 6] = v6, y[i + 7] = v7;
+  }
+  for (; i < n; ++i) {
+    y[i] = table[x[i]];
+  }
+}
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+// AVX512-VBMI: the 256-byte table in four registers; VPERMT2B looks up 64 bytes at a time in
+// each half (the index's low 7 bits), and the index's top bit picks the half: about 16 bytes a
+// cycle where the scalar loop does one (ORT's float ops over the same tensor are 4 passes).
+__attribute__((target("avx512f,avx512bw,avx512vbmi,bmi2"))) void lookup_vbmi(const uint8_t* table,
+                                                                        const uint8_t* x,
+                                                                        uint8_t* y, size_t n) {
+  const __m512i t0 = _mm512_loadu_si512(table), t1 = _mm512_loadu_si512(table + 64);
+  const __m512i t2 = _mm512_loadu_si512(table + 128), t3 = _mm512_loadu_si512(table + 192);
+  size_t i = 0;
+  for (; i + 64 <= n; i += 64) {
+    const __m512i idx = _mm512_loadu_si512(x + i);
+    const __m512i low = _mm512_permutex2var_epi8(t0, idx, t1);
+    const __m512i high = _mm512_permutex2var_epi8(t2, idx, t3);
+    _mm512_storeu_si512(y + i, _mm512_mask_blend_epi8(_mm512_movepi8_mask(idx), low, high));
+  }
+  if (i < n) {
+    const __mmask64 tail = _bzhi_u64(~0ULL, static_cast<unsigned>(n - i));
+    const __m512i idx = _mm512_maskz_loadu_epi8(tail, x + i);
+    const __m512i low = _mm512_permutex2var_epi8(t0, idx, t1);
+    const __m512i high = _mm512_permutex2var_epi8(t2, idx, t3);
+    _mm512_mask_storeu_epi8(y + i, tail,
+                            _mm512_mask_blend_epi8(_mm512_movepi8_mask(idx), low, high));
+  }
+}
+
+// AVX512-VBMI for a table of 256 floats: each of a float's four bytes is a 256-byte table of
+// its own (a "plane"), looked up as lookup_vbmi does, then the four planes' bytes are put back
+// together as floats, 16 at a time. Timed by hand on 28224 indices: 2.9 us, against 5.6 us for
+// the scalar loop and 9.0 us for AVX-512's gather.
+template <int Q>
+__attribute__((target("avx512f,avx512bw,avx512vbmi"))) inline __m512i join_quarter(
+    const __m512i (&v)[4]) {
+  const __m512i b0 = _mm512_cvtepu8_epi32(_mm512_extracti32x4_epi32(v[0], Q));
+  const __m512i b1 = _mm512_cvtepu8_epi32(_mm512_extracti32x4_epi32(v[1], Q));
+  const __m512i b2 = _mm512_cvtepu8_epi32(_mm512_extracti32x4_epi32(v[2], Q));
+  const __m512i b3 = _mm512_cvtepu8_epi32(_mm512_extracti32x4_epi32(v[3], Q));
+  return _mm512_or_si512(_mm512_or_si512(b0, _mm512_slli_epi32(b1, 8)),
+                         _mm512_or_si512(_mm512_slli_epi32(b2, 16), _mm512_slli_epi32(b3, 24)));
+}
+
+__attribute__((target("avx512f,avx512bw,avx512vbmi,bmi2"))) void lookup_floats_vbmi(
+    const float* table, const uint8_t* x, float* y, size_t n) {
+  alignas(64) uint8_t planes[4][256];
+  for (int i = 0; i < 256; ++i) {
+    uint32_t bits;
+    std::memcpy(&bits, table + i, sizeof bits);
+    for (int b = 0; b < 4; ++b) planes[b][i] = static_cast<uint8_t>(bits >> (8 * b));
+  }
+  __m512i t[4][4];
+  for (int b = 0; b < 4; ++b) {
+    for (int k = 0; k < 4; ++k) t[b][k] = _mm512_load_si512(planes[b] + 64 * k);
+  }
+  for (size_t i = 0; i < n; i += 64) {
+    const size_t left = n - i;
+    const __mmask64 in = left >= 64 ? ~0ULL : _bzhi_u64(~0ULL, static_cast<unsigned>(left));
+    const __m512i idx = _mm512_maskz_loadu_epi8(in, x + i);
+    const __mmask64 high = _mm512_movepi8_mask(idx);
+    __m512i v[4];
+    for (int b = 0; b < 4; ++b) {
+      v[b] = _mm512_mask_blend_epi8(high, _mm512_permutex2var_epi8(t[b][0], idx, t[b][1]),
+                                    _mm512_permutex2var_epi8(t[b][2], idx, t[b][3]));
+    }
+    const __m512i q[4] = {join_quarter<0>(v), join_quarter<1>(v), join_quarter<2>(v),
+                          join_quarter<3>(v)};
+    for (int k = 0; k < 4; ++k) {
+      const __mmask16 out = static_cast<__mmask16>(in >> (16 * k));
+      _mm512_mask_storeu_epi32(y + i + 16 * k, out, q[k]);
+    }
+  }
+}
+
+bool have_vbmi() {
+  static const bool have = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vbmi") &&
+           __builtin_cpu_supports("bmi2");
+  }();
+  return have;
+}
+#endif
+
+void lookup_floats_portable(const float* table, const uint8_t* x, float* y, size_t n) {
+  size_t i = 0;
+  for (; i + 4 <= n; i += 4) {  // four independent loads in flight
+    const float a = table[x[i]], b = table[x[i + 1]], c = table[x[i + 2]], d = table[x[i + 3]];
+    y[i] = a, y[i + 1] = b, y[i + 2] = c, y[i + 3] = d;
+  }
+  for (; i < n; ++i) {
+    y[i] = table[x[i]];
+  }
+}
+
+namespace {
+
+using namespace torch_fl::ort;
+
+const void* const* g_api = nullptr;  // set once by RegisterCustomOps, before any session runs
+
+template <class Fn>
+Fn api_fn(int index) {
+  return reinterpret_cast<Fn>(g_api[index]);
+}
+
+Status* error(const std::string& message) {
+  using Create = Status* (*)(int, const char*);
+  return api_fn<Create>(slot::kCreateStatus)(kInvalidArgument, message.c_str());
+}
+
+// Calls an API function that returns a status, and returns from the caller with it on failure.
+#define TFL_ORT_TRY(expr)          \
+  do {                             \
+    if (Status* status_ = (expr)) {  \
+      return status_;              \
+    }                              \
+  } while (0)
+
+struct TensorView {
+  int type = kUndefined;
+  std::vector<int64_t> dims;
+  size_t count = 0;
+  void* data = nullptr;
+};
+
+Status* read_input(KernelContext* context, size_t index, TensorView* out) {
+  using GetInput = Status* (*)(const KernelContext*, size_t, const Value**);
+  using TypeShape = Status* (*)(const Value*, TypeShapeInfo**);
+  using ElemType = Status* (*)(const TypeShapeInfo*, int*);
+  using DimCount = Status* (*)(const TypeShapeInfo*, size_t*);
+  using Dims = Status* (*)(const TypeShapeInfo*, int64_t*, size_t);
+  using Release = void (*)(TypeShapeInfo*);
+  using Data = Status* (*)(Value*, void**);
+  const Value* value = nullptr;
+  TFL_ORT_TRY(api_fn<GetInput>(slot::kKernelContextGetInput)(context, index, &value));
+  if (value == nullptr) {
+    return error("torch_fl.bpu Lookup: input " + std::to_string(index) + " is missing");
+  }
+  TypeShapeInfo* info = nullptr;
+  TFL_ORT_TRY(api_fn<TypeShape>(slot::kGetTensorTypeAndShape)(value, &info));
+  size_t rank = 0;
+  Status* status = api_fn<ElemType>(slot::kGetTensorElementType)(info, &out->type);
+  if (status == nullptr) {
+    status = api_fn<DimCount>(slot::kGetDimensionsCount)(info, &rank);
+  }
+  if (status == nullptr) {
+    out->dims.assign(rank, 0);
+    status = api_fn<Dims>(slot::kGetDimensions)(info, out->dims.data(), rank);
+  }
+  if (status == nullptr) {
+    status = api_fn<DimCount>(slot::kGetTensorShapeElementCount)(info, &out->count);
+  }
+  api_fn<Release>(slot::kReleaseTensorTypeAndShapeInfo)(info);
+  TFL_ORT_TRY(status);
+  // the API's accessor is declared for mutable values; inputs are only read here
+  return api_fn<Data>(slot::kGetTensorMutableData)(const_cast<Value*>(value), &out->data);
+}
+
+Status* make_output(KernelContext* context, const std::vector<int64_t>& dims, void** data) {
+  using GetOutput = Status* (*)(KernelContext*, size_t, const int64_t*, size_t, Value**);
+  using Data = Status* (*)(Value*, void**);
+  Value* value = nullptr;
+  TFL_ORT_TRY(
+      api_fn<GetOutput>(slot::kKernelContextGetOutput)(context, 0, dims.data(), dims.size(), &value));
+  return api_fn<Data>(slot::kGetTensorMutableData)(value, data);
+}
+
+bool is_byte_type(int type) {
+  return type == kUint8 || type == kInt8;
+}
+
+std::string shape_text(const std::vector<int64_t>& dims) {
+  std::string s = "[";
+  for (size_t i = 0; i < dims.size(); ++i) {
+    s += (i ? ", " : "") + std::to_string(dims[i]);
+  }
+  return s + "]";
+}
+
+// The ONNX (numpy) broadcast of a and b, coalesced: adjacent dims merge while each operand
+// either spans both or is broadcast over both, so that a per-channel scale over a feature map
+// ([N,C,1,1] x [N,C,H,W]) is N*C rows of H*W. Strides are in elements, 0 where broadcast.
+struct Broadcast {
+  std::vector<int64_t> out_dims;   // the full output shape
+  std::vector<int64_t> extent;     // coalesced loop extents
+  std::vector<int64_t> stride_a;
+  std::vector<int64_t> stride_b;
+};
+
+bool broadcast(const std::vector<int64_t>& a, const std::vector<int64_t>& b, Broadcast* out) {
+  const size_t rank = std::max(a.size(), b.size());
+  std::vector<int64_t> da(rank, 1), db(rank, 1);
+  std::copy(a.begin(), a.end(), da.begin() + (rank - a.size()));
+  std::copy(b.begin(), b.end(), db.begin() + (rank - b.size()));
+  out->out_dims.assign(rank, 1);
+  for (size_t i = 0; i < rank; ++i) {
+    if (da[i] != db[i] && da[i] != 1 && db[i] != 1) {
+      return false;
+    }
+    out->out_dims[i] = da[i] == 1 ? db[i] : da[i];
+  }
+  // walk from the innermost dim, merging while the broadcast pattern stays the same
+  std::vector<int64_t> ext, sa, sb;
+  int64_t step_a = 1, step_b = 1;
+  int prev = -1;
+  for (size_t k = rank; k-- > 0;) {
+    const int64_t n = out->out_dims[k];
+    if (n == 1) {
+      continue;
+    }
+    const bool full_a = da[k] != 1, full_b = db[k] != 1;
+    const int pattern = (full_a ? 1 : 0) | (full_b ? 2 : 0);
+    if (pattern == prev) {
+      ext.back() *= n;
+    } else {
+      ext.push_back(n);
+      sa.push_back(full_a ? step_a : 0);
+      sb.push_back(full_b ? step_b : 0);
+      prev = pattern;
+    }
+    if (full_a) step_a *= n;
+    if (full_b) step_b *= n;
+  }
+  if (ext.empty()) {
+    ext.push_back(1), sa.push_back(0), sb.push_back(0);
+  }
+  std::reverse(ext.begin(), ext.end());
+  std::reverse(sa.begin(), sa.end());
+  std::reverse(sb.begin(), sb.end());
+  out->extent = ext, out->stride_a = sa, out->stride_b = sb;
+  return true;
+}
+
+void lookup_pairs(const uint8_t* table, const uint8_t* a, const uint8_t* b, uint8_t* y,
+                  const Broadcast& bc) {
+  const size_t rank = bc.extent.size();
+  const int64_t inner = bc.extent[rank - 1];
+  const int64_t ia = bc.stride_a[rank - 1], ib = bc.stride_b[rank - 1];
+  std::vector<int64_t> index(rank, 0);
+  int64_t oa = 0, ob = 0;
+  for (;;) {
+    if (ia == 0 && ib == 1) {  // one row of the table for the whole run: a 1-D lookup
+      lookup_bytes(table + 256 * static_cast<size_t>(a[oa]), b + ob, y, inner);
+    } else if (ia == 1 && ib == 0) {
+      const uint8_t col = b[ob];
+      for (int64_t j = 0; j < inner; ++j) y[j] = table[256 * static_cast<size_t>(a[oa + j]) + col];
+    } else {
+      for (int64_t j = 0; j < inner; ++j) {
+        y[j] = table[256 * static_cast<size_t>(a[oa + j * ia]) + b[ob + j * ib]];
+      }
+    }
+    y += inner;
+    // advance the outer index (odometer), keeping the operands' offsets in step
+    size_t k = rank - 1;
+    for (;;) {
+      if (k == 0) {
+        return;
+      }
+      --k;
+      ++index[k];
+      oa += bc.stride_a[k];
+      ob += bc.stride_b[k];
+      if (index[k] < bc.extent[k]) {
+        break;
+      }
+      oa -= bc.stride_a[k] * bc.extent[k];
+      ob -= bc.stride_b[k] * bc.extent[k];
+      index[k] = 0;
+    }
+  }
+}
+
+struct OpSpec {
+  CustomOp op;  // first: ONNX Runtime passes back &op, which is also &spec
+  const char* name;
+  int out_type;
+  int arity;  // byte inputs after the table: 1 or 2
+};
+
+Status* compute(void* kernel, KernelContext* context) {
+  const OpSpec& spec = *static_cast<const OpSpec*>(kernel);
+  TensorView table, x, z;
+  TFL_ORT_TRY(read_input(context, 0, &table));
+  TFL_ORT_TRY(read_input(context, 1, &x));
+  const size_t entries = spec.arity == 1 ? 256 : 65536;
+  if (table.count != entries) {
+    return error(std::string("torch_fl.bpu ") + spec.name + ": the table has " +
+                 std::to_string(table.count) + " entries; it needs " + std::to_string(entries) +
+                 " (one per input byte" + (spec.arity == 1 ? ")" : " pair)"));
+  }
+  if (!is_byte_type(x.type)) {
+    return error(std::string("torch_fl.bpu ") + spec.name +
+                 ": the looked-up input must be uint8 or int8 (ONNX element type " +
+                 std::to_string(x.type) + ")");
+  }
+  const uint8_t* tab = static_cast<const uint8_t*>(table.data);
+  void* out = nullptr;
+  if (spec.arity == 1) {
+    TFL_ORT_TRY(make_output(context, x.dims, &out));
+    const uint8_t* in = static_cast<const uint8_t*>(x.data);
+    if (spec.out_type == kFloat) {
+      lookup_floats(static_cast<const float*>(table.data), in, static_cast<float*>(out), x.count);
+    } else {
+      lookup_bytes(tab, in, static_cast<uint8_t*>(out), x.count);
+    }
+    return nullptr;
+  }
+  TFL_ORT_TRY(read_input(context, 2, &z));
+  if (!is_byte_type(z.type)) {
+    return error(std::string("torch_fl.bpu ") + spec.name +
+                 ": the second looked-up input must be uint8 or int8 (ONNX element type " +
+                 std::to_string(z.type) + ")");
+  }
+  Broadcast bc;
+  if (!broadcast(x.dims, z.dims, &bc)) {
+    return error(std::string("torch_fl.bpu ") + spec.name + ": inputs of shapes " +
+                 shape_text(x.dims) + " and " + shape_text(z.dims) + " do not broadcast");
+  }
+  TFL_ORT_TRY(make_output(context, bc.out_dims, &out));
+  if (x.count == 0 || z.count == 0) {
+    return nullptr;
+  }
+  lookup_pairs(tab, static_cast<const uint8_t*>(x.data), static_cast<const uint8_t*>(z.data),
+               static_cast<uint8_t*>(out), bc);
+  return nullptr;
+}
+
+const OpSpec& spec_of(const CustomOp* op) {
+  return *reinterpret_cast<const OpSpec*>(op);
+}
+
+Status* create_kernel(const CustomOp* op, const void*, const KernelInfo*, void** kernel) {
+  *kernel = const_cast<CustomOp*>(op);  // stateless: the spec is the kernel
+  return nullptr;
+}
+const char* name(const CustomOp* op) { return spec_of(op).name; }
+const char* provider(const CustomOp*) { return "CPUExecutionProvider"; }
+// input 0 the table (of the output type); the rest any type, checked to be 8-bit when run
+int input_type(const CustomOp* op, size_t index) {
+  return index == 0 ? spec_of(op).out_type : kUndefined;
+}
+size_t input_count(const CustomOp* op) { return 1 + static_cast<size_t>(spec_of(op).arity); }
+int output_type(const CustomOp* op, size_t) { return spec_of(op).out_type; }
+size_t output_count(const CustomOp*) { return 1; }
+void destroy(void*) {}
+int required(const CustomOp*, size_t) { return 0; }
+int one(const CustomOp*) { return 1; }
+int first_opset(const CustomOp*) { return 1; }
+int last_opset(const CustomOp*) { return 1 << 30; }
+
+constexpr OpSpec make_spec(const char* op_name, int out_type, int arity) {
+  return OpSpec{CustomOp{kApiVersion, nullptr, name, provider, input_type, input_count,
+                         output_type, output_count, nullptr, destroy, required, required,
+                         required, one, one, one, one, create_kernel, compute, nullptr,
+                         first_opset, last_opset},
+                op_name, out_type, arity};
+}
+
+OpSpec g_ops[] = {
+    make_spec("LookupU8", kUint8, 1),
+    make_spec("LookupI8", kInt8, 1),
+    make_spec("Lookup2U8", kUint8, 2),
+    make_spec("Lookup2I8", kInt8, 2),
+    make_spec("LookupF32", kFloat, 1),
+};
+
+}  // namespace
+
+Status* register_ops(SessionOptions* options, const ApiBase* base) {
+  const void* api = base->get_api(kApiVersion);
+  if (api == nullptr) {
+    return nullptr;  // an ONNX Runtime older than 1.17: the session fails on the unknown ops
+  }
+  g_api = static_cast<const void* const*>(api);
+  using CreateDomain = Status* (*)(const char*, CustomOpDomain**);
+  using DomainAdd = Status* (*)(CustomOpDomain*, const CustomOp*);
+  using AddDomain = Status* (*)(SessionOptions*, CustomOpDomain*);
+  // One domain object per session options: ONNX Runtime keeps a pointer to it for the options'
+  // lifetime, and the handful of bytes each is not worth a lifetime scheme of our own.
+  CustomOpDomain* domain = nullptr;
+  TFL_ORT_TRY(api_fn<CreateDomain>(slot::kCreateCustomOpDomain)("torch_fl.bpu", &domain));
+  for (OpSpec& spec : g_ops) {
+    TFL_ORT_TRY(api_fn<DomainAdd>(slot::kCustomOpDomainAdd)(domain, &spec.op));
+  }
+  return api_fn<AddDomain>(slot::kAddCustomOpDomain)(options, domain);
+}
+
+}  // namespace ort_lookup
+
+void lookup_bytes(const uint8_t* table, const uint8_t* x, uint8_t* y, size_t n, bool portable) {
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+  if (!portable && ort_lookup::have_vbmi()) {
+    ort_lookup::lookup_vbmi(table, x, y, n);
+    return;
+  }
+#endif
+  ort_lookup::lookup_portable(table, x, y, n);
+}
+
+void lookup_floats(const float* table, const uint8_t* x, float* y, size_t n, bool portable) {
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+  if (!portable && ort_lookup::have_vbmi()) {
+    ort_lookup::lookup_floats_vbmi(table, x, y, n);
+    return;
+  }
+#endif
+  ort_lookup::lookup_floats_portable(table, x, y, n);
+}
+
+const char* lookup_kernel() {
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+  if (ort_lookup::have_vbmi()) return "avx512vbmi";
+#endif
+  return "portable";
+}
+
+}  // namespace torch_fl
+
+// The entry point ONNX Runtime looks up in a custom-op library.
+extern "C" __attribute__((visibility("default"))) torch_fl::ort::Status* RegisterCustomOps(
+    torch_fl::ort::SessionOptions* options, const torch_fl::ort::ApiBase* base) {
+  return torch_fl::ort_lookup::register_ops(options, base);
+}

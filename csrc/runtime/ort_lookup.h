@@ -1,0 +1,22 @@
+// The byte-table lookup that the sim's ONNX Runtime lookup ops run (ort_lookup.cpp), exposed for
+// tests and explain().
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace torch_fl {
+
+// y[i] = table[x[i]] for i < n (a 256-byte table). `portable`: the plain C++ loop even where the
+// AVX512-VBMI form would run (tests compare the two).
+void lookup_bytes(const uint8_t* table, const uint8_t* x, uint8_t* y, size_t n,
+                  bool portable = false);
+
+// y[i] = table[x[i]] for i < n, a table of 256 floats; `portable` as for lookup_bytes.
+void lookup_floats(const float* table, const uint8_t* x, float* y, size_t n,
+                   bool portable = false);
+
+// Which form lookup_bytes and lookup_floats use here: "avx512vbmi" or "portable".
+const char* lookup_kernel();
+
+}  // namespace torch_fl

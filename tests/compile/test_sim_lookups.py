@@ -1,0 +1,92 @@
+"""The sim executor's table lookups end to end (conversion/lookups.py): a compiled model gives
+the same outputs, bit for bit, with its elementwise chains as lookups as without; explain()
+counts them; where ONNX Runtime cannot load the lookup ops, the chains stay its float ops with
+one warning and the same numbers."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+import torch.nn as nn
+
+import torch_fl.bpu as bpu
+from tests.compile.bpu_helpers import compile_bpu, runtimes
+from tests.support.zoo import build
+from torch_fl.bpu import report
+from torch_fl.bpu.runtime import executors
+
+
+class Activations(nn.Module):
+    """Convs joined by the activations the pass turns into tables: hardswish, SiLU, tanh, GELU,
+    and a squeeze-excitation gate (a per-channel scale of two 8-bit inputs)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Conv2d(3, 16, 3, padding=1)
+        self.b = nn.Conv2d(16, 16, 3, padding=1)
+        self.c = nn.Conv2d(16, 16, 1)
+        self.squeeze = nn.Conv2d(16, 16, 1)
+        self.d = nn.Conv2d(16, 8, 1)
+
+    def forward(self, x):
+        x = nn.functional.hardswish(self.a(x))
+        x = nn.functional.silu(self.b(x))
+        x = torch.tanh(self.c(x))
+        gate = torch.sigmoid(self.squeeze(x.mean((2, 3), keepdim=True)))
+        return nn.functional.gelu(self.d(x * gate))
+
+
+def _run(model, x, samples, **options):
+    torch._dynamo.reset()
+    compiled = compile_bpu(model, executor="sim", cache=False, **options)
+    with report.collect() as reports, warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        bpu.calibrate(compiled, samples)
+        with torch.no_grad():
+            out = compiled(x)
+    sims = [r for r in runtimes(reports) if r.kind == "sim"]
+    return out, sims, reports, caught
+
+
+def _model(name: str):
+    if name == "activations":
+        torch.manual_seed(0)
+        return Activations().eval(), torch.randn(2, 3, 12, 12)
+    return build(name)
+
+
+@pytest.mark.parametrize("name", ["activations", "mobilenetv3_small", "vit"])
+def test_lookups_give_the_same_outputs_as_the_float_ops(name):
+    model, x = _model(name)
+    generator = torch.Generator().manual_seed(3)
+    samples = [torch.randn(x.shape, generator=generator) for _ in range(2)]
+    plain, plain_sims, _, _ = _run(model, x, samples, sim_lookups=False)
+    looked, sims, reports, _ = _run(model, x, samples)
+    if sims[0]._exec.kernels.path == "float":
+        pytest.skip("no fused kernel path on this CPU: the float path has no lookups")
+    assert [r._exec.lookups for r in plain_sims] == [0] * len(plain_sims)
+    assert sum(r._exec.lookups for r in sims) > 0
+    assert torch.equal(looked, plain)
+    rep = report.Report(list(reports))
+    counts = [p.sim_kernels["lookups"] for p in rep.partitions if p.sim_kernels]
+    assert counts == [r._exec.lookups for r in sims]
+    graph = rep.graphs[0]
+    line = f"sim lookups: graph {graph.graph_id} part {graph.partitions[0].id}: {counts[0]} "
+    assert line + "elementwise chains as 8-bit table lookups" in rep.table()
+
+
+def test_lookups_that_onnx_runtime_cannot_load_leave_its_float_ops(monkeypatch):
+    model, x = _model("activations")
+    samples = [torch.randn(x.shape) for _ in range(2)]
+    plain, *_ = _run(model, x, samples, sim_lookups=False)
+    monkeypatch.setattr(executors, "lookup_library", lambda: "/nonexistent/liblookups.so")
+    out, sims, _, caught = _run(model, x, samples)
+    if sims[0]._exec.kernels.path == "float":
+        pytest.skip("no fused kernel path on this CPU: the float path has no lookups")
+    assert [r._exec.lookups for r in sims] == [0] * len(sims)
+    assert sims[0]._exec.kernels.path != "float"  # still the fused integer kernels
+    messages = [str(w.message) for w in caught]
+    assert any("table lookups could not run this partition" in m for m in messages), messages
+    assert torch.equal(out, plain)

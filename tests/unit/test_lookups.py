@@ -1,0 +1,404 @@
+"""The sim's table lookups (conversion/lookups.py, csrc/runtime/ort_lookup.cpp): each replaced
+chain gives, in a real ONNX Runtime session, exactly the float path's numbers; what must not be
+replaced is not; bad input to the op is refused by name."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from torch_fl import _C
+from torch_fl.bpu.conversion.lookups import DOMAIN, ELEMENTWISE, fuse_lookups
+from torch_fl.bpu.runtime.executors import lookup_library
+
+U8, I8, F = TensorProto.UINT8, TensorProto.INT8, TensorProto.FLOAT
+NP = {U8: np.uint8, I8: np.int8}
+
+
+def _scalar(name: str, value, dtype) -> onnx.TensorProto:
+    return numpy_helper.from_array(np.array(value, dtype=dtype), name)
+
+
+def _model(nodes, inputs, out_type=U8, extra_inits=(), out_shape=None) -> onnx.ModelProto:
+    """inputs: (name, 8-bit type, shape, scale, zero point); each is dequantized to `<name>_f`;
+    `nodes` compute float `y_f` from those; y = Q(y_f, 0.05, zero point of out_type)."""
+    graph_inputs, inits, all_nodes = [], list(extra_inits), []
+    for name, kind, shape, scale, zero in inputs:
+        graph_inputs.append(helper.make_tensor_value_info(name, kind, shape))
+        inits += [_scalar(f"{name}_s", scale, np.float32), _scalar(f"{name}_z", zero, NP[kind])]
+        all_nodes.append(
+            helper.make_node("DequantizeLinear", [name, f"{name}_s", f"{name}_z"], [f"{name}_f"])
+        )
+    inits += [
+        _scalar("y_s", 0.05, np.float32),
+        _scalar("y_z", 128 if out_type == U8 else 0, NP[out_type]),
+    ]
+    all_nodes += nodes
+    all_nodes.append(helper.make_node("QuantizeLinear", ["y_f", "y_s", "y_z"], ["y"]))
+    out = helper.make_tensor_value_info("y", out_type, out_shape)
+    graph = helper.make_graph(all_nodes, "chain", graph_inputs, [out], inits)
+    opsets = [helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)]
+    return helper.make_model(graph, opset_imports=opsets, ir_version=8)
+
+
+def _run(model: onnx.ModelProto, feed: dict, lookups: bool) -> np.ndarray:
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    if lookups:
+        options.register_custom_ops_library(lookup_library())
+    else:
+        options.add_session_config_entry("session.disable_quant_qdq", "1")  # the float path
+    session = ort.InferenceSession(model.SerializeToString(), options, ["CPUExecutionProvider"])
+    return session.run(None, feed)[0]
+
+
+def _fused(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    return copy, fuse_lookups(copy)
+
+
+def _bytes(shape, kind, seed=0) -> np.ndarray:
+    # every byte value many times, in a length no vector width divides
+    return np.random.default_rng(seed).integers(0, 256, shape, dtype=np.uint8).view(NP[kind])
+
+
+# one chain per ELEMENTWISE op: (nodes computing y_f from x_f, extra initializers)
+def _unary(op, domain="", **attrs):
+    return [helper.make_node(op, ["x_f"], ["y_f"], domain=domain, **attrs)], []
+
+
+def _binary_const(op, value):
+    return [helper.make_node(op, ["x_f", "c"], ["y_f"])], [_scalar("c", value, np.float32)]
+
+
+CHAINS = {
+    "Abs": _unary("Abs"),
+    "Add": _binary_const("Add", 0.37),
+    "Clip": (
+        [helper.make_node("Clip", ["x_f", "lo", "hi"], ["y_f"])],
+        [_scalar("lo", -0.5, np.float32), _scalar("hi", 0.8, np.float32)],
+    ),
+    "Div": _binary_const("Div", 3.1),
+    "Elu": _unary("Elu", alpha=0.7),
+    "Erf": _unary("Erf"),
+    "Exp": _unary("Exp"),
+    "HardSigmoid": _unary("HardSigmoid", alpha=1 / 6, beta=0.5),
+    "HardSwish": _unary("HardSwish"),
+    "LeakyRelu": _unary("LeakyRelu", alpha=0.1),
+    "Max": _binary_const("Max", -0.3),
+    "Min": _binary_const("Min", 0.6),
+    "Mul": _binary_const("Mul", 1.7),
+    "Neg": _unary("Neg"),
+    "Relu": _unary("Relu"),
+    "Sigmoid": _unary("Sigmoid"),
+    "Softplus": _unary("Softplus"),
+    "Sqrt": (
+        [helper.make_node("Abs", ["x_f"], ["a"]), helper.make_node("Sqrt", ["a"], ["y_f"])],
+        [],
+    ),
+    "Sub": _binary_const("Sub", 0.25),
+    "Tanh": _unary("Tanh"),
+    "Gelu": _unary("Gelu", domain="com.microsoft"),
+}
+
+
+def test_every_listed_op_has_a_chain_here():
+    assert {op for _, op in ELEMENTWISE} == set(CHAINS)
+
+
+@pytest.mark.parametrize("op", sorted(CHAINS))
+@pytest.mark.parametrize("in_type,out_type", [(U8, U8), (I8, I8), (U8, I8)])
+def test_a_table_gives_the_float_ops_numbers_on_long_tensors(op, in_type, out_type):
+    nodes, inits = CHAINS[op]
+    zero = 131 if in_type == U8 else -3
+    model = _model(nodes, [("x", in_type, [3, 2051], 0.043, zero)], out_type, inits)
+    fused, count = _fused(model)
+    assert count == 1
+    assert [n.op_type for n in fused.graph.node] == [f"Lookup{'U8' if out_type == U8 else 'I8'}"]
+    feed = {"x": _bytes([3, 2051], in_type)}
+    np.testing.assert_array_equal(_run(fused, feed, True), _run(model, feed, False))
+
+
+def test_silu_over_two_copies_of_one_dequantize_is_one_input():
+    # QDQ graphs give each reader its own DQ: both copies are the same input
+    model = _model(
+        [
+            helper.make_node("DequantizeLinear", ["x", "x_s", "x_z"], ["x_f2"]),
+            helper.make_node("Sigmoid", ["x_f"], ["s"]),
+            helper.make_node("Mul", ["x_f2", "s"], ["y_f"]),
+        ],
+        [("x", U8, [5, 999], 0.05, 128)],
+    )
+    fused, count = _fused(model)
+    assert count == 1 and [n.op_type for n in fused.graph.node] == ["LookupU8"]
+    feed = {"x": _bytes([5, 999], U8, 1)}
+    np.testing.assert_array_equal(_run(fused, feed, True), _run(model, feed, False))
+
+
+@pytest.mark.parametrize("first", ["s", "x"])
+def test_a_per_channel_scale_is_a_two_input_table_over_the_broadcast(first):
+    # squeeze-excitation: x * hardsigmoid(s), s one value per channel
+    s_node = helper.make_node("HardSigmoid", ["s_f"], ["h"], alpha=1 / 6, beta=0.5)
+    operands = ["h", "x_f"] if first == "s" else ["x_f", "h"]
+    model = _model(
+        [s_node, helper.make_node("Mul", operands, ["y_f"])],
+        [("x", U8, [2, 6, 9, 11], 0.04, 128), ("s", U8, [2, 6, 1, 1], 0.1, 120)],
+        out_shape=[2, 6, 9, 11],
+    )
+    fused, count = _fused(model)
+    assert count == 1
+    (node,) = fused.graph.node
+    assert node.op_type == "Lookup2U8" and list(node.input[1:]) == ["s", "x"]  # smaller first
+    feed = {"x": _bytes([2, 6, 9, 11], U8, 2), "s": _bytes([2, 6, 1, 1], U8, 3)}
+    np.testing.assert_array_equal(_run(fused, feed, True), _run(model, feed, False))
+
+
+@pytest.mark.parametrize(
+    "a_shape,b_shape",
+    [([4, 1, 7], [1, 5, 7]), ([3, 8], [3, 8]), ([6, 1], [6, 300]), ([1], [2, 3, 4])],
+)
+def test_two_input_tables_broadcast_as_onnx_does(a_shape, b_shape):
+    nodes = [
+        helper.make_node("Add", ["a_f", "b_f"], ["t"]),
+        helper.make_node("Relu", ["t"], ["y_f"]),
+    ]
+    model = _model(nodes, [("a", U8, a_shape, 0.03, 100), ("b", I8, b_shape, 0.02, 4)])
+    fused, count = _fused(model)
+    assert count == 1 and fused.graph.node[0].domain == DOMAIN
+    feed = {"a": _bytes(a_shape, U8, 4), "b": _bytes(b_shape, I8, 5)}
+    got, want = _run(fused, feed, True), _run(model, feed, False)
+    assert got.shape == want.shape == tuple(np.broadcast_shapes(a_shape, b_shape))
+    np.testing.assert_array_equal(got, want)
+
+
+def _shape(name: str, dims) -> onnx.TensorProto:
+    return numpy_helper.from_array(np.array(dims, np.int64), name)
+
+
+def test_reshapes_around_a_one_input_chain_move_after_the_lookup():
+    # the exporter's flatten around a Linear's GELU
+    nodes = [
+        helper.make_node("Reshape", ["x_f", "flat"], ["r"]),
+        helper.make_node("Gelu", ["r"], ["g"], domain="com.microsoft"),
+        helper.make_node("Reshape", ["g", "back"], ["u"]),
+        helper.make_node("Unsqueeze", ["u", "axis0"], ["y_f"]),
+    ]
+    inits = [_shape("flat", [-1, 6]), _shape("back", [2, 5, 6]), _shape("axis0", [0])]
+    model = _model(nodes, [("x", U8, [2, 5, 6], 0.05, 128)], U8, inits)
+    fused, count = _fused(model)
+    assert count == 1
+    assert [n.op_type for n in fused.graph.node] == ["LookupU8", "Reshape", "Reshape", "Unsqueeze"]
+    feed = {"x": _bytes([2, 5, 6], U8, 8)}
+    got, want = _run(fused, feed, True), _run(model, feed, False)
+    assert got.shape == want.shape == (1, 2, 5, 6)
+    np.testing.assert_array_equal(got, want)
+
+
+def test_branches_reshaped_differently_or_shapes_computed_at_run_time_are_left():
+    # x * sigmoid(x viewed transposed-by-reshape): pairs different elements; not one byte's function
+    branches = [
+        helper.make_node("Reshape", ["x_f", "swap"], ["r"]),
+        helper.make_node("Sigmoid", ["r"], ["s"]),
+        helper.make_node("Mul", ["x_f", "s"], ["y_f"]),
+    ]
+    _not_fused(_model(branches, [("x", U8, [4, 4], 0.05, 128)], U8, [_shape("swap", [4, 4])]))
+    computed = [
+        helper.make_node("Shape", ["x_f"], ["dims"]),
+        helper.make_node("Reshape", ["x_f", "dims"], ["r"]),
+        helper.make_node("Tanh", ["r"], ["y_f"]),
+    ]
+    _not_fused(_model(computed, [("x", U8, [4, 4], 0.05, 128)]))
+
+
+def _not_fused(model: onnx.ModelProto) -> None:
+    before = [n.op_type for n in model.graph.node]
+    fused, count = _fused(model)
+    assert count == 0
+    assert [n.op_type for n in fused.graph.node] == before
+
+
+def test_a_per_channel_constant_is_no_function_of_one_byte():
+    inits = [numpy_helper.from_array(np.array([1.0, 2.0, 3.0], np.float32).reshape(3, 1), "c")]
+    _not_fused(
+        _model(
+            [helper.make_node("Mul", ["x_f", "c"], ["y_f"])],
+            [("x", U8, [3, 10], 0.05, 128)],
+            extra_inits=inits,
+        )
+    )
+
+
+def test_a_single_add_of_two_tensors_is_left_to_ort_integer_kernel():
+    _not_fused(
+        _model(
+            [helper.make_node("Add", ["a_f", "b_f"], ["y_f"])],
+            [("a", U8, [4, 4], 0.05, 128), ("b", U8, [4, 4], 0.05, 128)],
+        )
+    )
+
+
+def test_three_inputs_and_non_elementwise_ops_are_left():
+    _not_fused(
+        _model(
+            [
+                helper.make_node("Add", ["a_f", "b_f"], ["t"]),
+                helper.make_node("Add", ["t", "c_f"], ["y_f"]),
+            ],
+            [("a", U8, [4], 0.05, 128), ("b", U8, [4], 0.05, 128), ("c", U8, [4], 0.05, 128)],
+        )
+    )
+    _not_fused(
+        _model(
+            [helper.make_node("Softmax", ["x_f"], ["y_f"], axis=-1)],
+            [("x", U8, [2, 8], 0.05, 128)],
+        )
+    )
+
+
+def test_a_per_axis_dequantize_is_left():
+    model = _model([helper.make_node("Relu", ["x_f"], ["y_f"])], [("x", U8, [3, 4], 0.05, 128)])
+    dq = model.graph.node[0]
+    for init in model.graph.initializer:
+        if init.name == "x_s":
+            init.CopyFrom(numpy_helper.from_array(np.array([0.1, 0.2, 0.3], np.float32), "x_s"))
+        if init.name == "x_z":
+            init.CopyFrom(numpy_helper.from_array(np.array([128, 128, 128], np.uint8), "x_z"))
+    dq.attribute.append(helper.make_attribute("axis", 0))
+    _not_fused(model)
+
+
+def _with_float_reader(model: onnx.ModelProto, reader: onnx.NodeProto) -> onnx.ModelProto:
+    model.graph.node.append(reader)
+    model.graph.output.append(helper.make_tensor_value_info(reader.output[0], F, None))
+    return model
+
+
+def _same_outputs(fused: onnx.ModelProto, model: onnx.ModelProto, feed: dict) -> None:
+    options = ort.SessionOptions()
+    options.register_custom_ops_library(lookup_library())
+    got = ort.InferenceSession(fused.SerializeToString(), options).run(None, feed)
+    options = ort.SessionOptions()
+    options.add_session_config_entry("session.disable_quant_qdq", "1")
+    want = ort.InferenceSession(model.SerializeToString(), options).run(None, feed)
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_array_equal(g, w)
+
+
+def test_a_result_also_read_as_float_becomes_a_float_table_for_that_reader():
+    # squeeze-excitation's hardswish: it feeds a float ReduceMean and a quantized output
+    model = _with_float_reader(
+        _model(
+            [helper.make_node("HardSwish", ["x_f"], ["y_f"])], [("x", U8, [2, 3, 5, 5], 0.05, 128)]
+        ),
+        helper.make_node("ReduceMean", ["y_f"], ["m"], axes=[2, 3]),
+    )
+    fused, count = _fused(model)
+    assert count == 2
+    assert sorted(n.op_type for n in fused.graph.node) == ["LookupF32", "LookupU8", "ReduceMean"]
+    _same_outputs(fused, model, {"x": _bytes([2, 3, 5, 5], U8, 6)})
+
+
+@pytest.mark.parametrize("op", sorted(CHAINS))
+def test_a_float_table_gives_the_float_ops_numbers(op):
+    nodes, inits = CHAINS[op]
+    model = _model(nodes, [("x", I8, [7, 1031], 0.031, -5)], U8, inits)
+    # the float result read by a Softmax as well as quantized
+    model = _with_float_reader(model, helper.make_node("Softmax", ["y_f"], ["p"], axis=-1))
+    fused, count = _fused(model)
+    assert count == 2 and "LookupF32" in {n.op_type for n in fused.graph.node}
+    _same_outputs(fused, model, {"x": _bytes([7, 1031], I8, 7)})
+
+
+def test_a_float_result_that_is_a_graph_output_or_has_two_inputs_stays():
+    model = _model(
+        [helper.make_node("Add", ["a_f", "b_f"], ["t"]), helper.make_node("Relu", ["t"], ["y_f"])],
+        [("a", U8, [4], 0.05, 128), ("b", U8, [4], 0.05, 128)],
+    )
+    model = _with_float_reader(model, helper.make_node("Softmax", ["t"], ["p"], axis=-1))
+    fused, count = _fused(model)
+    assert count == 1  # the byte table only: t has two inputs
+    assert "LookupF32" not in {n.op_type for n in fused.graph.node}
+    model = _model([helper.make_node("Relu", ["x_f"], ["y_f"])], [("x", U8, [4], 0.05, 128)])
+    model.graph.output.append(helper.make_tensor_value_info("y_f", F, None))
+    fused, count = _fused(model)
+    assert count == 1 and "Relu" in {n.op_type for n in fused.graph.node}
+
+
+def _op_model(op: str, table: np.ndarray, inputs) -> onnx.ModelProto:
+    names = [f"in{i}" for i in range(len(inputs))]
+    graph = helper.make_graph(
+        [helper.make_node(op, ["t", *names], ["y"], domain=DOMAIN)],
+        "op",
+        [helper.make_tensor_value_info(n, k, s) for n, (k, s) in zip(names, inputs, strict=True)],
+        [helper.make_tensor_value_info("y", U8, None)],
+        [numpy_helper.from_array(table, "t")],
+    )
+    opsets = [helper.make_opsetid("", 17), helper.make_opsetid(DOMAIN, 1)]
+    return helper.make_model(graph, opset_imports=opsets, ir_version=8)
+
+
+def _session(model):
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    options.register_custom_ops_library(lookup_library())
+    return ort.InferenceSession(model.SerializeToString(), options, ["CPUExecutionProvider"])
+
+
+def test_the_op_refuses_a_table_of_the_wrong_size_by_name():
+    model = _op_model("LookupU8", np.zeros(255, np.uint8), [(U8, [4])])
+    with pytest.raises(Exception, match="table has 255 entries; it needs 256"):
+        _session(model).run(None, {"in0": np.zeros(4, np.uint8)})
+
+
+def test_the_op_refuses_a_wider_input_by_name():
+    model = _op_model("LookupU8", np.zeros(256, np.uint8), [(TensorProto.INT32, [4])])
+    with pytest.raises(Exception, match="must be uint8 or int8"):
+        _session(model).run(None, {"in0": np.zeros(4, np.int32)})
+
+
+def test_the_op_refuses_shapes_that_do_not_broadcast_by_name():
+    model = _op_model("Lookup2U8", np.zeros(65536, np.uint8), [(U8, [3]), (U8, [4])])
+    with pytest.raises(Exception, match=r"shapes \[3\] and \[4\] do not broadcast"):
+        _session(model).run(None, {"in0": np.zeros(3, np.uint8), "in1": np.zeros(4, np.uint8)})
+
+
+def test_the_op_on_empty_tensors_gives_empty_results():
+    model = _op_model("Lookup2U8", np.zeros(65536, np.uint8), [(U8, [0, 3]), (U8, [1, 3])])
+    out = _session(model).run(
+        None, {"in0": np.zeros((0, 3), np.uint8), "in1": np.zeros((1, 3), np.uint8)}
+    )[0]
+    assert out.shape == (0, 3)
+
+
+def test_a_float_lookup_refuses_a_byte_table_size_by_name():
+    graph = helper.make_graph(
+        [helper.make_node("LookupF32", ["t", "x"], ["y"], domain=DOMAIN)],
+        "op",
+        [helper.make_tensor_value_info("x", U8, [4])],
+        [helper.make_tensor_value_info("y", F, None)],
+        [numpy_helper.from_array(np.zeros(65536, np.float32), "t")],
+    )
+    opsets = [helper.make_opsetid("", 17), helper.make_opsetid(DOMAIN, 1)]
+    model = helper.make_model(graph, opset_imports=opsets, ir_version=8)
+    with pytest.raises(Exception, match="table has 65536 entries; it needs 256"):
+        _session(model).run(None, {"x": np.zeros(4, np.uint8)})
+
+
+@pytest.mark.parametrize("n", [0, 1, 63, 64, 65, 127, 1000, 4099])
+def test_both_forms_of_each_lookup_agree(n):
+    rng = np.random.default_rng(n)
+    table = rng.integers(0, 256, 256, dtype=np.uint8)
+    x = rng.integers(0, 256, n, dtype=np.uint8)
+    want = table[x].tobytes()
+    assert _C._lookup_bytes(table.tobytes(), x.tobytes()) == want
+    assert _C._lookup_bytes(table.tobytes(), x.tobytes(), portable=True) == want
+    assert _C._lookup_kernel() in ("avx512vbmi", "portable")
+    floats = rng.standard_normal(256).astype(np.float32)
+    floats[:4] = [np.inf, -np.inf, -0.0, np.nan]  # every bit pattern comes back as it was
+    want = floats[x].tobytes()
+    assert _C._lookup_floats(floats.tobytes(), x.tobytes()) == want
+    assert _C._lookup_floats(floats.tobytes(), x.tobytes(), portable=True) == want

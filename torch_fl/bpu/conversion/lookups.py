@@ -1,0 +1,406 @@
+"""Elementwise float islands of the integer-form graph as table lookups, as the BPU runs them.
+
+Between two quantized tensors, a chain of elementwise float ops (hardswish, hard-sigmoid, SiLU,
+GELU, a squeeze-excitation scale: DequantizeLinear -> f -> QuantizeLinear) is a function of one
+or two 8-bit values per element, so it has at most 256 (65536) results. The BPU evaluates such
+functions with lookup tables; ONNX Runtime runs them as a dequantize, one float kernel per op and
+a quantize, each a pass over the tensor. This pass replaces each such chain with one
+`torch_fl.bpu` Lookup op (csrc/runtime/ort_lookup.cpp) whose table holds the chain's result for
+every input byte (pair).
+
+Each table is computed by running the replaced chain itself, the same nodes with the same
+constants, in an ONNX Runtime session set up as the float path's (Q/DQ kept as float rounding
+steps), on every possible input: the lookup returns exactly what the float ops return for that
+input. That holds where an op computes each element by the same formula wherever it sits in a
+tensor, which `ELEMENTWISE` lists (tests/unit/test_lookups.py checks each on long, odd-length
+tensors against its table).
+
+The replaced nodes read only the chain's 8-bit inputs and scalar constants, and none of their
+results is read outside the chain unless some other node keeps computing it (a hardswish whose
+output also feeds a float ReduceMean stays for that reader; the lookup still saves its
+multiply and quantize).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from torch_fl.bpu.conversion.export import constant_names
+
+DOMAIN = "torch_fl.bpu"
+# Ops whose every output element is one formula of the same-position input elements. Each has a
+# test that a table of it equals the op on long tensors (tests/unit/test_lookups.py).
+ELEMENTWISE: frozenset[tuple[str, str]] = frozenset(
+    [
+        ("", op)
+        for op in (
+            "Abs",
+            "Add",
+            "Clip",
+            "Div",
+            "Elu",
+            "Erf",
+            "Exp",
+            "HardSigmoid",
+            "HardSwish",
+            "LeakyRelu",
+            "Max",
+            "Min",
+            "Mul",
+            "Neg",
+            "Relu",
+            "Sigmoid",
+            "Softplus",
+            "Sqrt",
+            "Sub",
+            "Tanh",
+        )
+    ]  # fmt: skip
+    + [("com.microsoft", "Gelu")]
+)
+# Ops that only reshape: between the 8-bit input and the result of a one-input chain (the
+# exporter's flatten around a Linear's GELU: DQ -> Reshape -> Gelu -> Reshape -> Q) they move,
+# with the same constant shapes, after the lookup, onto its 8-bit result.
+SHAPE_OPS = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze"})
+MAX_CHAIN = 16  # nodes in one replaced chain
+_OPS = {  # (output element type, inputs) -> op name
+    (TensorProto.UINT8, 1): "LookupU8",
+    (TensorProto.INT8, 1): "LookupI8",
+    (TensorProto.UINT8, 2): "Lookup2U8",
+    (TensorProto.INT8, 2): "Lookup2I8",
+}
+_NUMPY = {TensorProto.UINT8: np.uint8, TensorProto.INT8: np.int8}
+
+
+@dataclass(frozen=True)
+class _Chain:
+    end: str  # the tensor the lookup computes
+    quantize: onnx.NodeProto | None  # the Q that ends it (None: its result is float)
+    nodes: tuple[onnx.NodeProto, ...]  # in graph order, shape ops among them
+    leaves: tuple[onnx.NodeProto, ...]  # the DequantizeLinear nodes it reads, one per input
+
+    @property
+    def shape_ops(self) -> tuple[onnx.NodeProto, ...]:
+        return tuple(n for n in self.nodes if _is_shape_op(n))
+
+
+class _Graph:
+    def __init__(self, model: onnx.ModelProto) -> None:
+        self.model = model
+        graph = model.graph
+        self.producer = {o: n for n in graph.node for o in n.output}
+        self.order = {id(n): i for i, n in enumerate(graph.node)}
+        self.readers: dict[str, list[onnx.NodeProto]] = {}
+        for node in graph.node:
+            for name in node.input:
+                self.readers.setdefault(name, []).append(node)
+        self.outputs = {o.name for o in graph.output}
+        self.constant_names = constant_names(model)
+        self._values: dict[str, np.ndarray | None] = {}
+        self.sizes = _static_sizes(model)
+
+    def value(self, name: str) -> np.ndarray | None:
+        """The value of constant `name` (initializer or Constant output), else None."""
+        if name not in self.constant_names:
+            return None
+        if name not in self._values:
+            self._values[name] = _constant(self.model, name)
+        return self._values[name]
+
+    def scalar(self, name: str) -> bool:
+        value = self.value(name)
+        return value is not None and value.size == 1
+
+    def byte_tensor_params(self, node: onnx.NodeProto) -> bool:
+        """A Q or DQ with scalar scale and zero point constants, 8-bit on its integer side."""
+        if len(node.input) < 2 or not self.scalar(node.input[1]):
+            return False
+        if len(node.input) > 2 and node.input[2]:
+            zero = self.value(node.input[2])
+            return zero is not None and zero.size == 1 and zero.dtype in (np.uint8, np.int8)
+        return node.op_type == "QuantizeLinear"  # no zero point: uint8 output (DQ: unknown input)
+
+    def quantized_chain(self, quantize: onnx.NodeProto) -> _Chain | None:
+        """The elementwise chain `quantize` ends, if it qualifies for a byte table."""
+        if quantize.domain not in ("", "ai.onnx") or not self.byte_tensor_params(quantize):
+            return None
+        return self._chain(quantize.output[0], quantize.input[0], quantize, max_inputs=2)
+
+    def float_chain(self, node: onnx.NodeProto) -> _Chain | None:
+        """The chain of one input that ends in elementwise `node`, whose float result only
+        other kinds of op read (a ReduceMean, a Softmax): a table of 256 floats."""
+        if (node.domain or "", node.op_type) not in ELEMENTWISE or len(node.output) != 1:
+            return None
+        end = node.output[0]
+        readers = self.readers.get(end, [])
+        if end in self.outputs or not readers:
+            return None
+        for reader in readers:
+            if (reader.domain or "", reader.op_type) in ELEMENTWISE:
+                return None  # part of a longer chain
+            if reader.op_type == "QuantizeLinear":
+                return None  # a byte chain, or one that qualifies for none
+        return self._chain(end, end, None, max_inputs=1)
+
+    def _chain(
+        self, end: str, start: str, quantize: onnx.NodeProto | None, max_inputs: int
+    ) -> _Chain | None:
+        nodes: dict[int, onnx.NodeProto] = {}
+        leaves: dict[tuple, onnx.NodeProto] = {}
+        stack = [start]
+        seen: set[str] = set()
+        while stack:
+            name = stack.pop()
+            if name in seen or not name:
+                continue
+            seen.add(name)
+            if name in self.constant_names:
+                if not self.scalar(name):
+                    return None
+                continue
+            node = self.producer.get(name)
+            if node is None:
+                return None
+            if node.op_type == "DequantizeLinear" and node.domain in ("", "ai.onnx"):
+                if not self.byte_tensor_params(node):
+                    return None
+                # copies of one DQ (one per reader, as QDQ graphs have them) are one input
+                key = (node.input[0], *(self._key(n) for n in node.input[1:]))
+                leaves.setdefault(key, node)
+                continue
+            if _is_shape_op(node):
+                if any(n not in self.constant_names for n in node.input[1:] if n):
+                    return None  # a shape computed at run time
+                stack.append(node.input[0])
+            elif (node.domain or "", node.op_type) in ELEMENTWISE and len(node.output) == 1:
+                stack.extend(node.input)
+            else:
+                return None
+            nodes[id(node)] = node
+            if len(nodes) > MAX_CHAIN:
+                return None
+        if not 1 <= len(leaves) <= max_inputs:
+            return None
+        ordered = sorted(nodes.values(), key=lambda n: self.order[id(n)])
+        if all(_is_shape_op(n) for n in ordered):
+            return None  # no function to tabulate
+        if any(_is_shape_op(n) for n in ordered) and not self._single_path(ordered, leaves):
+            return None
+        if len(leaves) == 2 and len(ordered) == 1 and ordered[0].op_type in ("Add", "Mul"):
+            return None  # ORT's own QLinearAdd / QLinearMul: vector integer kernels
+        # the smaller input first: the op then runs one table row per element of it, a 1-D
+        # lookup over the larger one (a per-channel scale: one row per channel)
+        inputs = sorted(leaves.values(), key=lambda n: self.sizes.get(n.input[0], 1 << 62))
+        return _Chain(end, quantize, tuple(ordered), tuple(inputs))
+
+    def _single_path(self, nodes: list[onnx.NodeProto], leaves: dict) -> bool:
+        """Whether `nodes` form one path from one input (each reads one non-constant tensor):
+        then reshaping commutes with the elementwise ops. Two branches reshaped differently
+        would pair up different elements."""
+        if len(leaves) != 1:
+            return False
+        for node in nodes:
+            data = [n for n in (node.input[:1] if _is_shape_op(node) else node.input) if n]
+            if sum(n not in self.constant_names for n in data) != 1:
+                return False
+        return True
+
+    def _key(self, name: str):
+        value = self.value(name)
+        return (value.dtype.str, value.tobytes()) if value is not None else name
+
+
+def _is_shape_op(node: onnx.NodeProto) -> bool:
+    return node.domain in ("", "ai.onnx") and node.op_type in SHAPE_OPS
+
+
+def _static_sizes(model: onnx.ModelProto) -> dict[str, int]:
+    """Element counts of the tensors whose shapes ONNX shape inference knows in full."""
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model).graph
+    except Exception:  # noqa: BLE001  (no sizes: inputs keep the order they were found in)
+        return {}
+    sizes = {}
+    for info in (*inferred.input, *inferred.value_info, *inferred.output):
+        dims = info.type.tensor_type.shape.dim
+        if info.type.tensor_type.HasField("shape") and all(d.HasField("dim_value") for d in dims):
+            sizes[info.name] = int(np.prod([d.dim_value for d in dims], dtype=np.int64))
+    return sizes
+
+
+def _constant(model: onnx.ModelProto, name: str) -> np.ndarray | None:
+    for init in model.graph.initializer:
+        if init.name == name:
+            return numpy_helper.to_array(init)
+    for node in model.graph.node:
+        if node.op_type == "Constant" and node.output and node.output[0] == name:
+            for attr in node.attribute:
+                if attr.name == "value":
+                    return numpy_helper.to_array(attr.t)
+    return None
+
+
+def _byte_type(graph: _Graph, node: onnx.NodeProto) -> int:
+    """The 8-bit element type of a DQ's input or a Q's output (its zero point's)."""
+    if len(node.input) > 2 and node.input[2]:
+        return (
+            TensorProto.INT8 if graph.value(node.input[2]).dtype == np.int8 else TensorProto.UINT8
+        )
+    return TensorProto.UINT8
+
+
+def _all_inputs(types: list[int]) -> list[np.ndarray]:
+    """Every byte (pair) in table order: input k's values, as its own element type."""
+    codes = np.arange(256, dtype=np.uint8)
+    if len(types) == 1:
+        columns = [codes]
+    else:
+        columns = [np.repeat(codes, 256), np.tile(codes, 256)]  # index = a * 256 + b
+    return [c.view(_NUMPY[t]) for c, t in zip(columns, types, strict=True)]
+
+
+def table_model(graph: _Graph, chain: _Chain) -> tuple[onnx.ModelProto, list[np.ndarray]]:
+    """The chain alone as a model over every input byte (pair), and those inputs."""
+    types = [_byte_type(graph, leaf) for leaf in chain.leaves]
+    feeds = _all_inputs(types)
+    inputs, nodes, constants = [], [], set()
+    for k, (leaf, kind) in enumerate(zip(chain.leaves, types, strict=True)):
+        name = f"lookup_in{k}"
+        inputs.append(helper.make_tensor_value_info(name, kind, [feeds[k].size]))
+        copy = onnx.NodeProto()
+        copy.CopyFrom(leaf)
+        copy.input[0] = name
+        nodes.append(copy)
+        constants.update(n for n in leaf.input[1:] if n)
+    # every other copy of a leaf DQ computes the same values under its own name
+    renamed = {}
+    for node in chain.nodes:
+        for name in node.input:
+            producer = graph.producer.get(name)
+            if producer is not None and producer.op_type == "DequantizeLinear":
+                twin = next(
+                    leaf for leaf in chain.leaves
+                    if (leaf.input[0], *map(graph._key, leaf.input[1:]))
+                    == (producer.input[0], *map(graph._key, producer.input[1:]))
+                )  # fmt: skip
+                renamed[name] = twin.output[0]
+    for node in chain.shape_ops:  # the table is over flat inputs: the shapes come after
+        renamed[node.output[0]] = renamed.get(node.input[0], node.input[0])
+    for node in (*chain.nodes, *([chain.quantize] if chain.quantize else [])):
+        if _is_shape_op(node):
+            continue
+        copy = onnx.NodeProto()
+        copy.CopyFrom(node)
+        for i, name in enumerate(copy.input):
+            copy.input[i] = renamed.get(name, name)
+        nodes.append(copy)
+        constants.update(n for n in node.input if n in graph.constant_names)
+    out_type = _byte_type(graph, chain.quantize) if chain.quantize else TensorProto.FLOAT
+    outputs = [helper.make_tensor_value_info(chain.end, out_type, None)]
+    initializers = [
+        numpy_helper.from_array(np.asarray(graph.value(n)), n) for n in sorted(constants)
+    ]
+    body = helper.make_graph(nodes, "lookup_table", inputs, outputs, initializers)
+    model = helper.make_model(body, opset_imports=list(graph.model.opset_import))
+    model.ir_version = graph.model.ir_version
+    return model, feeds
+
+
+def compute_table(model: onnx.ModelProto, feeds: list[np.ndarray]) -> np.ndarray:
+    """Run a chain's table model as the float path runs it (Q/DQ as float rounding steps)."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    options.intra_op_num_threads = 1
+    options.add_session_config_entry("session.disable_quant_qdq", "1")
+    session = ort.InferenceSession(model.SerializeToString(), options, ["CPUExecutionProvider"])
+    names = [i.name for i in session.get_inputs()]
+    return session.run(None, dict(zip(names, feeds, strict=True)))[0]
+
+
+def fuse_lookups(model: onnx.ModelProto) -> int:
+    """Replace, in place, every qualifying chain of `model` with a Lookup; returns how many.
+
+    First the chains that end in a QuantizeLinear (byte tables); then, among what is left, the
+    one-input chains whose float result feeds other kinds of op (float tables)."""
+    count = _replace(model, lambda graph, node: graph.quantized_chain(node)
+                     if node.op_type == "QuantizeLinear" else None)  # fmt: skip
+    count += _replace(model, lambda graph, node: graph.float_chain(node))
+    if count and not any(o.domain == DOMAIN for o in model.opset_import):
+        model.opset_import.append(helper.make_opsetid(DOMAIN, 1))
+    return count
+
+
+def _replace(model: onnx.ModelProto, find) -> int:
+    """One pass: each chain `find(graph, node)` returns becomes a Lookup node in its last node's
+    place; the nodes nothing reads any more go."""
+    graph = _Graph(model)
+    replaced: dict[int, list[onnx.NodeProto]] = {}  # id(last node) -> its Lookup (+ shape ops)
+    tables: list[onnx.TensorProto] = []
+    for node in list(model.graph.node):
+        chain = find(graph, node)
+        if chain is None:
+            continue
+        table = compute_table(*table_model(graph, chain))
+        if chain.quantize is not None:
+            out_type = _byte_type(graph, chain.quantize)
+            table = table.astype(_NUMPY[out_type])
+            op = _OPS[(out_type, len(chain.leaves))]
+        else:
+            table, op = table.astype(np.float32), "LookupF32"
+        name = f"lookup_table::{chain.end}"
+        tables.append(numpy_helper.from_array(table, name))
+        shape_ops = chain.shape_ops
+        looked_up = f"{chain.end}::looked_up" if shape_ops else chain.end
+        lookup = helper.make_node(
+            op,
+            [name, *(leaf.input[0] for leaf in chain.leaves)],
+            [looked_up],
+            name=f"lookup::{chain.end}",
+            domain=DOMAIN,
+        )
+        replaced[id(node)] = [lookup, *_reshaped(shape_ops, looked_up, chain.end)]
+    if not replaced:
+        return 0
+    nodes = [m for n in model.graph.node for m in replaced.get(id(n), [n])]
+    del model.graph.node[:]
+    model.graph.node.extend(_live(nodes, {o.name for o in model.graph.output}))
+    model.graph.initializer.extend(tables)
+    used = {name for n in model.graph.node for name in n.input}
+    kept = [i for i in model.graph.initializer if i.name in used]
+    del model.graph.initializer[:]
+    model.graph.initializer.extend(kept)
+    return len(replaced)
+
+
+def _reshaped(shape_ops, source: str, end: str) -> list[onnx.NodeProto]:
+    """Copies of a chain's shape ops, in order, from the lookup's result `source` to `end`."""
+    copies = []
+    for k, node in enumerate(shape_ops):
+        copy = onnx.NodeProto()
+        copy.CopyFrom(node)
+        copy.input[0] = source
+        source = end if k == len(shape_ops) - 1 else f"{end}::shape{k}"
+        del copy.output[:]
+        copy.output.append(source)
+        copy.name = f"lookup::{end}::shape{k}"
+        copies.append(copy)
+    return copies
+
+
+def _live(nodes: list[onnx.NodeProto], outputs: set[str]) -> list[onnx.NodeProto]:
+    """`nodes` without those whose results nothing reads any more (the replaced chains)."""
+    keep = [True] * len(nodes)
+    needed = set(outputs)
+    for i in range(len(nodes) - 1, -1, -1):  # graph order is topological: readers come later
+        node = nodes[i]
+        if any(o in needed for o in node.output):
+            needed.update(n for n in node.input if n)
+        else:
+            keep[i] = False
+    return [n for n, k in zip(nodes, keep, strict=True) if k]
