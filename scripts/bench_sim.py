@@ -53,7 +53,7 @@ from tests.support.pt2e import quantize as pt2e_quantize  # noqa: E402
 from torch_fl.bpu import report  # noqa: E402
 from torch_fl.bpu.conversion import calibration_store  # noqa: E402
 from torch_fl.bpu.runtime import sim_threads  # noqa: E402
-from torch_fl.bpu.runtime.executors import UNFUSED, lookup_library  # noqa: E402
+from torch_fl.bpu.runtime.executors import UNFUSED  # noqa: E402
 
 MODELS = ("resnet18", "mobilenetv3", "vit", "transformer_encoder")
 TARGETS = {"sim_vs_ort_int8": "ort_int8", "sim_vs_ort_fp32": "ort_fp32"}
@@ -130,17 +130,13 @@ def _met(ratios: dict[str, float]) -> dict[str, bool]:
     return {k: v >= 1.0 for k, v in ratios.items()}
 
 
-def _ort_session(
-    path_or_bytes, threads: int, optimized: str | None = None, disabled=(), lookups=False
-):
+def _ort_session(path_or_bytes, threads: int, optimized: str | None = None, disabled=()):
     import onnxruntime as ort
 
     options = ort.SessionOptions()
     options.log_severity_level = 3
     options.intra_op_num_threads = threads
     options.inter_op_num_threads = 1
-    if lookups:
-        options.register_custom_ops_library(lookup_library())
     if optimized:
         options.optimized_model_filepath = optimized
     return ort.InferenceSession(
@@ -174,18 +170,14 @@ def _sim(model, x, calib, threads: int):
     return compiled, runtimes
 
 
-def _integer_graph(runtime, lookups: bool):
-    """The partition's integer-form graph as its executor builds it (with or without lookups)."""
+def _integer_graph(runtime):
+    """The partition's integer-form graph as its executor builds it, before lookups."""
     import onnx
 
     from torch_fl.bpu.conversion.integer_form import to_integer_form
-    from torch_fl.bpu.conversion.lookups import fuse_lookups
 
-    graph = to_integer_form(onnx.load_from_string(runtime.last_build.onnx_bytes),
-                            runtime._exec.kernels.path)  # fmt: skip
-    if lookups:
-        fuse_lookups(graph)
-    return graph
+    return to_integer_form(onnx.load_from_string(runtime.last_build.onnx_bytes),
+                           runtime._exec.kernels.path)  # fmt: skip
 
 
 def _session_without_lookups(runtime):
@@ -194,7 +186,7 @@ def _session_without_lookups(runtime):
     executor = runtime._exec
     if not getattr(executor, "lookups", 0):
         return None
-    graph = _integer_graph(runtime, lookups=False)
+    graph = _integer_graph(runtime)
     return _ort_session(graph.SerializeToString(), executor.threads or 0, None, UNFUSED)
 
 
@@ -203,14 +195,20 @@ def _fused_counts(runtime, threads: int, tmp: Path) -> dict:
     the elementwise chains it runs as table lookups."""
     import onnx
 
+    from torch_fl.bpu.conversion.lookups import optimized_with_lookups
+
     path = runtime._exec.kernels.path
     if path == "float":
         return {"kernel_path": path}
     lookups = getattr(runtime._exec, "lookups", 0)
-    graph = _integer_graph(runtime, lookups=bool(lookups))
-    optimized = tmp / "sim_optimized.onnx"
-    _ort_session(graph.SerializeToString(), threads, str(optimized), UNFUSED, bool(lookups))
-    ops = Counter(n.op_type for n in onnx.load(str(optimized)).graph.node)
+    graph = _integer_graph(runtime).SerializeToString()
+    if lookups:  # the executor's own graph: ORT's optimized form with the lookups in it
+        nodes = onnx.load_from_string(optimized_with_lookups(graph, UNFUSED)[0]).graph.node
+    else:
+        optimized = tmp / "sim_optimized.onnx"
+        _ort_session(graph, threads, str(optimized), UNFUSED)
+        nodes = onnx.load(str(optimized)).graph.node
+    ops = Counter(n.op_type for n in nodes)
     return {
         "kernel_path": path,
         "lookups": lookups,

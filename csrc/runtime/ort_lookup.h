@@ -8,7 +8,7 @@
 namespace torch_fl {
 
 // y[i] = table[x[i]] for i < n (a 256-byte table). `portable`: the plain C++ loop even where the
-// AVX512-VBMI form would run (tests compare the two).
+// AVX512-VBMI (x86_64) or NEON (aarch64) form would run (tests compare the two).
 void lookup_bytes(const uint8_t* table, const uint8_t* x, uint8_t* y, size_t n,
                   bool portable = false);
 
@@ -16,7 +16,8 @@ void lookup_bytes(const uint8_t* table, const uint8_t* x, uint8_t* y, size_t n,
 void lookup_floats(const float* table, const uint8_t* x, float* y, size_t n,
                    bool portable = false);
 
-// Which form lookup_bytes and lookup_floats use here: "avx512vbmi" or "portable".
+// Which form lookup_bytes uses here: "avx512vbmi", "neon" or "portable" (lookup_floats: the
+// AVX512-VBMI form or the plain loop).
 const char* lookup_kernel();
 
 }  // namespace torch_fl

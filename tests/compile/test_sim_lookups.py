@@ -90,3 +90,32 @@ def test_lookups_that_onnx_runtime_cannot_load_leave_its_float_ops(monkeypatch):
     messages = [str(w.message) for w in caught]
     assert any("table lookups could not run this partition" in m for m in messages), messages
     assert torch.equal(out, plain)
+
+
+def test_lookups_go_into_ort_optimized_graph_with_no_transposes_of_their_own(tmp_path):
+    import onnx
+    import onnxruntime as ort
+
+    from torch_fl.bpu.conversion.integer_form import to_integer_form
+    from torch_fl.bpu.conversion.lookups import optimized_with_lookups
+
+    model, x = _model("activations")
+    _, sims, _, _ = _run(model, x, [torch.randn(x.shape) for _ in range(2)])
+    path = sims[0]._exec.kernels.path
+    if path == "float":
+        pytest.skip("no fused kernel path on this CPU: the float path has no lookups")
+    reference = onnx.load_from_string(sims[0].last_build.onnx_bytes)
+    graph = to_integer_form(reference, path).SerializeToString()
+    options = ort.SessionOptions()
+    options.optimized_model_filepath = str(tmp_path / "plain.onnx")
+    ort.InferenceSession(graph, options, disabled_optimizers=list(executors.UNFUSED))
+    plain = onnx.load(str(tmp_path / "plain.onnx"))
+    optimized, count = optimized_with_lookups(graph, executors.UNFUSED)
+    looked_up = onnx.load_from_string(optimized)
+
+    def ops(m, op):
+        return sum(n.op_type == op for n in m.graph.node)
+
+    assert count == sims[0]._exec.lookups > 0
+    assert ops(looked_up, "Transpose") == ops(plain, "Transpose")
+    assert ops(looked_up, "QLinearConv") == ops(plain, "QLinearConv") > 0

@@ -214,6 +214,17 @@ def test_branches_reshaped_differently_or_shapes_computed_at_run_time_are_left()
     _not_fused(_model(computed, [("x", U8, [4, 4], 0.05, 128)]))
 
 
+def test_pairs_at_the_end_of_the_table_are_looked_up_too():
+    # the vector form reads 4 bytes a pair: the last entries are read one by one instead
+    table = np.random.default_rng(9).integers(0, 256, 65536, dtype=np.uint8)
+    a = np.full((2, 40), 255, np.uint8)
+    b = np.tile(np.arange(216, 256, dtype=np.uint8), (2, 1))
+    a[1, ::3] = np.arange(14, dtype=np.uint8) * 17  # other rows in between
+    model = _op_model("Lookup2U8", table, [(U8, [2, 40]), (U8, [2, 40])])
+    out = _session(model).run(None, {"in0": a, "in1": b})[0]
+    np.testing.assert_array_equal(out, table[a.astype(np.int64) * 256 + b])
+
+
 def _not_fused(model: onnx.ModelProto) -> None:
     before = [n.op_type for n in model.graph.node]
     fused, count = _fused(model)
@@ -388,7 +399,8 @@ def test_a_float_lookup_refuses_a_byte_table_size_by_name():
         _session(model).run(None, {"x": np.zeros(4, np.uint8)})
 
 
-@pytest.mark.parametrize("n", [0, 1, 63, 64, 65, 127, 1000, 4099])
+@pytest.mark.board
+@pytest.mark.parametrize("n", [0, 1, 15, 16, 17, 63, 64, 65, 127, 1000, 4099])
 def test_both_forms_of_each_lookup_agree(n):
     rng = np.random.default_rng(n)
     table = rng.integers(0, 256, 256, dtype=np.uint8)
@@ -396,9 +408,36 @@ def test_both_forms_of_each_lookup_agree(n):
     want = table[x].tobytes()
     assert _C._lookup_bytes(table.tobytes(), x.tobytes()) == want
     assert _C._lookup_bytes(table.tobytes(), x.tobytes(), portable=True) == want
-    assert _C._lookup_kernel() in ("avx512vbmi", "portable")
+    assert _C._lookup_kernel() in ("avx512vbmi", "neon", "portable")
     floats = rng.standard_normal(256).astype(np.float32)
     floats[:4] = [np.inf, -np.inf, -0.0, np.nan]  # every bit pattern comes back as it was
     want = floats[x].tobytes()
     assert _C._lookup_floats(floats.tobytes(), x.tobytes()) == want
     assert _C._lookup_floats(floats.tobytes(), x.tobytes(), portable=True) == want
+
+
+@pytest.mark.board
+def test_on_this_cpu_the_lookup_ops_load_and_give_the_float_ops_numbers():
+    """The board's check (aarch64, its own ONNX Runtime build): the custom-op interface, each
+    kind of table, and a refusal, in a few sessions."""
+    for op in ("HardSwish", "Sigmoid", "Gelu"):
+        nodes, inits = CHAINS[op]
+        model = _model(nodes, [("x", U8, [3, 515], 0.043, 131)], U8, inits)
+        fused, count = _fused(model)
+        assert count == 1
+        feed = {"x": _bytes([3, 515], U8)}
+        np.testing.assert_array_equal(_run(fused, feed, True), _run(model, feed, False))
+    gate = [
+        helper.make_node("HardSigmoid", ["s_f"], ["h"], alpha=1 / 6, beta=0.5),
+        helper.make_node("Mul", ["x_f", "h"], ["y_f"]),
+    ]
+    model = _model(gate, [("x", U8, [2, 6, 9, 11], 0.04, 128), ("s", I8, [2, 6, 1, 1], 0.1, 3)])
+    model = _with_float_reader(model, helper.make_node("ReduceMean", ["h"], ["m"], axes=[1]))
+    fused, count = _fused(model)
+    assert {n.op_type for n in fused.graph.node} >= {"Lookup2U8", "LookupF32"}
+    _same_outputs(
+        fused, model, {"x": _bytes([2, 6, 9, 11], U8, 2), "s": _bytes([2, 6, 1, 1], I8, 3)}
+    )
+    model = _op_model("LookupU8", np.zeros(255, np.uint8), [(U8, [4])])
+    with pytest.raises(Exception, match="table has 255 entries; it needs 256"):
+        _session(model).run(None, {"in0": np.zeros(4, np.uint8)})

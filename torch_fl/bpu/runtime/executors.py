@@ -23,7 +23,7 @@ import onnx
 import torch
 
 from torch_fl.bpu.conversion.integer_form import to_integer_form
-from torch_fl.bpu.conversion.lookups import fuse_lookups
+from torch_fl.bpu.conversion.lookups import optimized_with_lookups
 from torch_fl.bpu.errors import ArtifactError
 from torch_fl.bpu.runtime import sim_threads
 from torch_fl.bpu.runtime.sim_kernels import KernelChoice
@@ -112,7 +112,7 @@ class SimExecutor:
                 model = to_integer_form(onnx.load_from_string(onnx_bytes), self.kernels.path)
                 fused = model.SerializeToString()
                 if lookups and lookup_library() is not None:
-                    self._open_with_lookups(model)
+                    self._open_with_lookups(fused)
                 if not self.lookups:
                     self._open_session(fused, fused=True)
             except Exception as exc:  # noqa: BLE001  (any rejection: the float path is exact)
@@ -139,13 +139,14 @@ class SimExecutor:
         self._views: tuple[tuple[int, ...], dict] = ((), {})
         self._run = self.session.run
 
-    def _open_with_lookups(self, model: onnx.ModelProto) -> None:
-        """Open the session on `model` with its elementwise chains as lookups; where that
-        fails, `self.lookups` stays 0 and ORT's own ops run them (the same numbers)."""
+    def _open_with_lookups(self, fused: bytes) -> None:
+        """Open the session on ORT's optimized form of the `fused` graph with its elementwise
+        chains as lookups; where that fails, `self.lookups` stays 0 and ORT's own ops run
+        them (the same numbers)."""
         try:
-            self.lookups = fuse_lookups(model)
+            optimized, self.lookups = optimized_with_lookups(fused, UNFUSED)
             if self.lookups:
-                self._open_session(model.SerializeToString(), fused=True)
+                self._open_session(optimized, fused=True)
         except Exception as exc:  # noqa: BLE001  (any failure: the chains stay ORT's float ops)
             self.lookups = 0
             warnings.warn(
@@ -186,7 +187,10 @@ class SimExecutor:
             options.intra_op_num_threads = threads
             options.inter_op_num_threads = 1
         if self._fused and self.lookups:
+            # an ORT-optimized graph with the lookups in it: optimizing it again would only
+            # wrap the lookups in transposes (conversion/lookups.optimized_with_lookups)
             options.register_custom_ops_library(lookup_library())
+            options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
         # ORT's SkipLayerNormalization kernel (the fusion of Add + LayerNormalization) is slower
         # here than the two ops it replaces: the 4-layer encoder's fused sim session ran 6.72 ms
         # with it and 5.48 ms without (1 thread, AVX512-VNNI EPYC; the same float math)
