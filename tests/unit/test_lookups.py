@@ -103,6 +103,8 @@ CHAINS = {
     "Sub": _binary_const("Sub", 0.25),
     "Tanh": _unary("Tanh"),
     "Gelu": _unary("Gelu", domain="com.microsoft"),
+    "FastGelu": _unary("FastGelu", domain="com.microsoft"),
+    "QuickGelu": _unary("QuickGelu", domain="com.microsoft", alpha=1.0),
 }
 
 

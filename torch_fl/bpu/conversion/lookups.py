@@ -63,7 +63,8 @@ ELEMENTWISE: frozenset[tuple[str, str]] = frozenset(
             "Tanh",
         )
     ]  # fmt: skip
-    + [("com.microsoft", "Gelu")]
+    # ORT's optimizer writes these for GELU and SiLU (x * sigmoid(alpha * x)) patterns
+    + [("com.microsoft", op) for op in ("FastGelu", "Gelu", "QuickGelu")]
 )
 # Ops that only reshape: between the 8-bit input and the result of a one-input chain (the
 # exporter's flatten around a Linear's GELU: DQ -> Reshape -> Gelu -> Reshape -> Q) they move,
