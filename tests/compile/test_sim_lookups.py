@@ -74,7 +74,10 @@ def test_lookups_give_the_same_outputs_as_the_float_ops(name):
     assert counts == [r._exec.lookups for r in sims]
     graph = rep.graphs[0]
     line = f"sim lookups: graph {graph.graph_id} part {graph.partitions[0].id}: {counts[0]} "
-    assert line + "elementwise chains as 8-bit table lookups" in rep.table()
+    from torch_fl import _C
+
+    form = _C._lookup_kernel()
+    assert line + f"elementwise chains as 8-bit table lookups ({form})" in rep.table()
 
 
 def test_lookups_that_onnx_runtime_cannot_load_leave_its_float_ops(monkeypatch):

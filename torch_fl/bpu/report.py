@@ -176,14 +176,15 @@ class Report:
         }
         lines = [f"sim kernels: {path} ({why})" for path, why in sorted(kernels)]
         lookups = [
-            (g.graph_id, p.id, p.sim_kernels.get("lookups", 0))
+            (g.graph_id, p.id, p.sim_kernels["lookups"], p.sim_kernels.get("lookup_kernel"))
             for g in self.graphs
             for p in g.partitions
             if p.sim_kernels and p.executor == "sim" and p.sim_kernels.get("lookups")
         ]
         lines += [
             f"sim lookups: graph {gid} part {pid}: {n} elementwise chains as 8-bit table lookups"
-            for gid, pid, n in lookups
+            + (f" ({form})" if form else "")
+            for gid, pid, n, form in lookups
         ]
         return lines
 

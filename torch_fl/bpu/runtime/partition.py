@@ -418,24 +418,32 @@ class PartitionRuntime(torch.nn.Module):
             return
         self._exec = executor
         kernels = getattr(executor, "kernels", None)
-        inner_exec = getattr(executor, "inner", executor)  # OnDevice: the sim executor inside
+        inner = getattr(executor, "inner", executor)  # OnDevice: the sim executor inside
         self.entry.sim_kernels = (
             {
                 "path": kernels.path,
                 "reason": kernels.reason,
-                "lookups": getattr(inner_exec, "lookups", 0),
+                "lookups": getattr(inner, "lookups", 0),
+                "lookup_kernel": _lookup_kernel(),
             }
             if kernels is not None
             else None
         )
         baked = how.baked_weights(settings)
-        inner = getattr(executor, "inner", executor)  # OnDevice: the sim executor inside
         self._frozen = (
             FrozenWeights(self.spec.frozen_positions, args, _busy_cpus(inner)) if baked else None
         )
         self.entry.sim_threads = _thread_choice(inner, host, args, self._frozen, settings)
         self.entry.weight_check = self._frozen.describe() if self._frozen is not None else None
         self._set_kind(kind)
+
+
+def _lookup_kernel() -> str:
+    """Which form of the byte lookup the sim's lookup ops run here (avx512vbmi / neon /
+    portable: csrc/runtime/ort_lookup.cpp)."""
+    from torch_fl import _C
+
+    return _C._lookup_kernel()
 
 
 def _busy_cpus(executor: Executor) -> int:
