@@ -173,8 +173,7 @@ class _Graph:
                 if not self.byte_tensor_params(node):
                     return None
                 # copies of one DQ (one per reader, as QDQ graphs have them) are one input
-                key = (node.input[0], *(self._key(n) for n in node.input[1:]))
-                leaves.setdefault(key, node)
+                leaves.setdefault(self.input_key(node), node)
                 continue
             if _is_shape_op(node):
                 if any(n not in self.constant_names for n in node.input[1:] if n):
@@ -213,9 +212,15 @@ class _Graph:
                 return False
         return True
 
-    def _key(self, name: str):
-        value = self.value(name)
-        return (value.dtype.str, value.tobytes()) if value is not None else name
+    def input_key(self, dequantize: onnx.NodeProto) -> tuple:
+        """What a DequantizeLinear computes: its input and its scale and zero point values
+        (two copies of one DQ have equal keys)."""
+
+        def value_key(name: str):
+            value = self.value(name)
+            return (value.dtype.str, value.tobytes()) if value is not None else name
+
+        return (dequantize.input[0], *(value_key(n) for n in dequantize.input[1:]))
 
 
 def _is_shape_op(node: onnx.NodeProto) -> bool:
@@ -286,11 +291,8 @@ def table_model(graph: _Graph, chain: _Chain) -> tuple[onnx.ModelProto, list[np.
         for name in node.input:
             producer = graph.producer.get(name)
             if producer is not None and producer.op_type == "DequantizeLinear":
-                twin = next(
-                    leaf for leaf in chain.leaves
-                    if (leaf.input[0], *map(graph._key, leaf.input[1:]))
-                    == (producer.input[0], *map(graph._key, producer.input[1:]))
-                )  # fmt: skip
+                key = graph.input_key(producer)
+                twin = next(leaf for leaf in chain.leaves if graph.input_key(leaf) == key)
                 renamed[name] = twin.output[0]
     for node in chain.shape_ops:  # the table is over flat inputs: the shapes come after
         renamed[node.output[0]] = renamed.get(node.input[0], node.input[0])
