@@ -201,12 +201,12 @@ def _fused_counts(runtime, threads: int, tmp: Path) -> dict:
     if path == "float":
         return {"kernel_path": path}
     lookups = getattr(runtime._exec, "lookups", 0)
-    graph = _integer_graph(runtime).SerializeToString()
+    graph = _integer_graph(runtime)
     if lookups:  # the executor's own graph: ORT's optimized form with the lookups in it
         nodes = onnx.load_from_string(optimized_with_lookups(graph, UNFUSED)[0]).graph.node
     else:
         optimized = tmp / "sim_optimized.onnx"
-        _ort_session(graph, threads, str(optimized), UNFUSED)
+        _ort_session(graph.SerializeToString(), threads, str(optimized), UNFUSED)
         nodes = onnx.load(str(optimized)).graph.node
     ops = Counter(n.op_type for n in nodes)
     return {

@@ -1,6 +1,6 @@
 // Table-lookup ops for the sim executor's ONNX Runtime sessions: an elementwise function of one
 // or two 8-bit tensors, evaluated by indexing a table that holds its value for every input byte
-// (pair), as the BPU evaluates its nonlinear activations. torch_fl/bpu/conversion/lookups.py
+// (pair): at most 256 (65536) results, all known in advance. torch_fl/bpu/conversion/lookups.py
 // builds each table by running the very chain of float ops the table replaces on every input,
 // so the lookup gives the same numbers as the float path, in one pass over bytes instead of a
 // dequantize, float kernels and a quantize.
@@ -43,8 +43,8 @@ void lookup_portable(const uint8_t* table, const uint8_t* x, uint8_t* y, size_t 
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 // AVX512-VBMI: the 256-byte table in four registers; VPERMT2B looks up 64 bytes at a time in
-// each half (the index's low 7 bits), and the index's top bit picks the half: about 16 bytes a
-// cycle where the scalar loop does one (ORT's float ops over the same tensor are 4 passes).
+// each half (the index's low 7 bits), and the index's top bit picks the half. By ORT's
+// profiler, MobileNetV3's ten hardswish lookups at batch 1: 39 us against 119 us for the loop.
 __attribute__((target("avx512f,avx512bw,avx512vbmi,bmi2"))) void lookup_vbmi(const uint8_t* table,
                                                                         const uint8_t* x,
                                                                         uint8_t* y, size_t n) {
@@ -116,8 +116,8 @@ __attribute__((target("avx512f,avx512bw,avx512vbmi,bmi2"))) void lookup_floats_v
 // y[j] = table[a[j] * 256 + b[j]]: sixteen pairs at a time, widened to 32-bit offsets, one
 // gather of 32-bit words from the 64 KB table keeping each word's low byte (x86 is little
 // endian). A word read at offset 65533 and up would pass the table's end: those lanes are
-// masked out of the gather and looked up one by one. Timed by hand on MobileNetV3's nine
-// squeeze-excitation scales in NHWC (batch 8, 1 thread): 0.2 ms against 2.2 ms for the loop.
+// masked out of the gather and looked up one by one. By ORT's profiler, MobileNetV3's nine
+// squeeze-excitation scales in NHWC (batch 8, 1 thread): 0.90 ms against 2.19 ms for the loop.
 __attribute__((target("avx512f"))) void lookup_byte_pairs_avx512(const uint8_t* table,
                                                                  const uint8_t* a,
                                                                  const uint8_t* b, uint8_t* y,

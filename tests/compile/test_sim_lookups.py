@@ -108,10 +108,12 @@ def test_lookups_go_into_ort_optimized_graph_with_no_transposes_of_their_own(tmp
     if path == "float":
         pytest.skip("no fused kernel path on this CPU: the float path has no lookups")
     reference = onnx.load_from_string(sims[0].last_build.onnx_bytes)
-    graph = to_integer_form(reference, path).SerializeToString()
+    graph = to_integer_form(reference, path)
     options = ort.SessionOptions()
     options.optimized_model_filepath = str(tmp_path / "plain.onnx")
-    ort.InferenceSession(graph, options, disabled_optimizers=list(executors.UNFUSED))
+    ort.InferenceSession(
+        graph.SerializeToString(), options, disabled_optimizers=list(executors.UNFUSED)
+    )
     plain = onnx.load(str(tmp_path / "plain.onnx"))
     optimized, count = optimized_with_lookups(graph, executors.UNFUSED)
     looked_up = onnx.load_from_string(optimized)
@@ -122,3 +124,30 @@ def test_lookups_go_into_ort_optimized_graph_with_no_transposes_of_their_own(tmp
     assert count == sims[0]._exec.lookups > 0
     assert ops(looked_up, "Transpose") == ops(plain, "Transpose")
     assert ops(looked_up, "QLinearConv") == ops(plain, "QLinearConv") > 0
+
+
+def test_a_graph_with_no_chain_gets_no_optimization_pass(monkeypatch):
+    import onnxruntime as ort
+
+    from torch_fl.bpu.conversion.integer_form import to_integer_form
+    from torch_fl.bpu.conversion.lookups import has_chains, optimized_with_lookups
+
+    model, x = build("resnet18")  # convs and Relus only: every Relu moves after its Q
+    _, sims, _, _ = _run(model, x, [torch.randn(x.shape) for _ in range(2)])
+    path = sims[0]._exec.kernels.path
+    if path == "float":
+        pytest.skip("no fused kernel path on this CPU: the float path has no lookups")
+    graph = to_integer_form(_reference(sims[0]), path)
+    assert not has_chains(graph) and sims[0]._exec.lookups == 0
+
+    def no_session(*args, **kwargs):
+        raise AssertionError("an ORT session was opened for a graph with no chain")
+
+    monkeypatch.setattr(ort, "InferenceSession", no_session)
+    assert optimized_with_lookups(graph, executors.UNFUSED) == (None, 0)
+
+
+def _reference(runtime):
+    import onnx
+
+    return onnx.load_from_string(runtime.last_build.onnx_bytes)

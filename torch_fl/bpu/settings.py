@@ -388,7 +388,7 @@ class BpuSettings:
         "bool",
         "In the sim's fused integer graph, run each elementwise float chain between 8-bit "
         "tensors (hardswish, SiLU, GELU, a squeeze-excitation scale) as one table lookup over "
-        "its input bytes, as the BPU does: the table is the chain's own float result for every "
+        "its input bytes: the table is the chain's own float result for every "
         "input, so the numbers are the float path's (conversion/lookups.py). False: ONNX "
         "Runtime's dequantize, float kernels and quantize.",
         "FLAGOS_BPU_SIM_LOOKUPS",

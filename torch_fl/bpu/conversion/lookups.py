@@ -1,10 +1,10 @@
-"""Elementwise float islands of the integer-form graph as table lookups, as the BPU runs them.
+"""Elementwise float islands of the integer-form graph as table lookups.
 
 Between two quantized tensors, a chain of elementwise float ops (hardswish, hard-sigmoid, SiLU,
 GELU, a squeeze-excitation scale: DequantizeLinear -> f -> QuantizeLinear) is a function of one
-or two 8-bit values per element, so it has at most 256 (65536) results. The BPU evaluates such
-functions with lookup tables; ONNX Runtime runs them as a dequantize, one float kernel per op and
-a quantize, each a pass over the tensor. This pass replaces each such chain with one
+or two 8-bit values per element, so it has at most 256 (65536) results, which a table can hold;
+ONNX Runtime runs them as a dequantize, one float kernel per op and a quantize, each a pass over
+the tensor. This pass replaces each such chain with one
 `torch_fl.bpu` Lookup op (csrc/runtime/ort_lookup.cpp) whose table holds the chain's result for
 every input byte (pair).
 
@@ -23,6 +23,7 @@ multiply and quantize).
 
 from __future__ import annotations
 
+import functools
 import os
 import tempfile
 from collections.abc import Sequence
@@ -105,7 +106,12 @@ class _Graph:
         self.outputs = {o.name for o in graph.output}
         self.constant_names = constant_names(model)
         self._values: dict[str, np.ndarray | None] = {}
-        self.sizes = _static_sizes(model)
+
+    @functools.cached_property
+    def sizes(self) -> dict[str, int]:
+        """Static element counts (shape inference over the whole graph: only when a two-input
+        chain needs its inputs ordered)."""
+        return _static_sizes(self.model)
 
     def value(self, name: str) -> np.ndarray | None:
         """The value of constant `name` (initializer or Constant output), else None."""
@@ -197,7 +203,9 @@ class _Graph:
             return None  # ORT's own QLinearAdd / QLinearMul: vector integer kernels
         # the smaller input first: the op then runs one table row per element of it, a 1-D
         # lookup over the larger one (a per-channel scale: one row per channel)
-        inputs = sorted(leaves.values(), key=lambda n: self.sizes.get(n.input[0], 1 << 62))
+        inputs = list(leaves.values())
+        if len(inputs) == 2:
+            inputs.sort(key=lambda n: self.sizes.get(n.input[0], 1 << 62))
         return _Chain(end, quantize, tuple(ordered), tuple(inputs))
 
     def _single_path(self, nodes: list[onnx.NodeProto], leaves: dict) -> bool:
@@ -329,28 +337,44 @@ def compute_table(model: onnx.ModelProto, feeds: list[np.ndarray]) -> np.ndarray
     return session.run(None, dict(zip(names, feeds, strict=True)))[0]
 
 
-def optimized_with_lookups(model_bytes: bytes, disabled: Sequence[str] = ()) -> tuple[bytes, int]:
-    """ONNX Runtime's own optimized form of `model_bytes` (its fusions and layouts: NCHWc float
+def optimized_with_lookups(
+    model: onnx.ModelProto, disabled: Sequence[str] = ()
+) -> tuple[bytes | None, int]:
+    """ONNX Runtime's own optimized form of `model` (its fusions and layouts: NCHWc float
     convs, NHWC integer convs, with the transposes between them cancelled), then its chains as
     lookups (`fuse_lookups`); and how many. Open the result with graph optimizations off.
+    (None, 0) where `model` has no chain to replace: no ORT pass is spent on it (ResNet-18's
+    first call after calibrating took 0.28 to 0.37 s with that pass, 0.19 to 0.21 s without).
 
     Why after ORT's optimizer rather than before: ORT moves integer convs to NHWC and cancels the
     transposes through the elementwise ops it knows; a lookup op it does not know, placed before,
-    gets a transpose on each side (32 in MobileNetV3: at batch 8 on 2 threads 2.6 ms of 9, and
-    the session no faster on 2 threads than on 1)."""
+    gets a transpose on each side (32 in MobileNetV3: at batch 8 on 2 threads 2.6 ms of 9.2 by
+    ORT's profiler, and the session timed at 7.44 ms on 2 threads against 7.50 on 1)."""
     import onnxruntime as ort
 
+    if not has_chains(model):
+        return None, 0
     with tempfile.TemporaryDirectory(prefix="torch_fl_sim_") as tmp:
         path = os.path.join(tmp, "optimized.onnx")
         options = ort.SessionOptions()
         options.log_severity_level = 3
         options.intra_op_num_threads = 1
         options.optimized_model_filepath = path
-        ort.InferenceSession(model_bytes, options, ["CPUExecutionProvider"],
+        ort.InferenceSession(model.SerializeToString(), options, ["CPUExecutionProvider"],
                              disabled_optimizers=list(disabled))  # fmt: skip
-        model = onnx.load(path)
-    count = fuse_lookups(model)
-    return (model.SerializeToString() if count else model_bytes), count
+        optimized = onnx.load(path)
+    count = fuse_lookups(optimized)
+    return (optimized.SerializeToString() if count else None), count
+
+
+def has_chains(model: onnx.ModelProto) -> bool:
+    """Whether `model` has a chain `fuse_lookups` would replace (no table is computed)."""
+    graph = _Graph(model)
+    return any(
+        (graph.quantized_chain(n) if n.op_type == "QuantizeLinear" else graph.float_chain(n))
+        is not None
+        for n in model.graph.node
+    )
 
 
 def fuse_lookups(model: onnx.ModelProto) -> int:

@@ -110,11 +110,10 @@ class SimExecutor:
                 # the integer form ORT fuses into QLinearConv/QGemm/...; the path was probed
                 # exact on this CPU
                 model = to_integer_form(onnx.load_from_string(onnx_bytes), self.kernels.path)
-                fused = model.SerializeToString()
                 if lookups and lookup_library() is not None:
-                    self._open_with_lookups(fused)
+                    self._open_with_lookups(model)
                 if not self.lookups:
-                    self._open_session(fused, fused=True)
+                    self._open_session(model.SerializeToString(), fused=True)
             except Exception as exc:  # noqa: BLE001  (any rejection: the float path is exact)
                 why = str(exc).strip().splitlines()[0][:160] if str(exc).strip() else ""
                 self.kernels = KernelChoice(
@@ -139,12 +138,12 @@ class SimExecutor:
         self._views: tuple[tuple[int, ...], dict] = ((), {})
         self._run = self.session.run
 
-    def _open_with_lookups(self, fused: bytes) -> None:
-        """Open the session on ORT's optimized form of the `fused` graph with its elementwise
-        chains as lookups; where that fails, `self.lookups` stays 0 and ORT's own ops run
-        them (the same numbers)."""
+    def _open_with_lookups(self, model: onnx.ModelProto) -> None:
+        """Open the session on ORT's optimized form of the fused graph `model` with its
+        elementwise chains as lookups; where it has none or that fails, `self.lookups` stays 0
+        and ORT's own ops run them (the same numbers)."""
         try:
-            optimized, self.lookups = optimized_with_lookups(fused, UNFUSED)
+            optimized, self.lookups = optimized_with_lookups(model, UNFUSED)
             if self.lookups:
                 self._open_session(optimized, fused=True)
         except Exception as exc:  # noqa: BLE001  (any failure: the chains stay ORT's float ops)
