@@ -8,8 +8,6 @@ and a host that unexpectedly passes them is caught.
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 from pathlib import Path
 
 import pytest
@@ -17,17 +15,16 @@ import torch
 from torch.profiler import ProfilerActivity
 
 import torch_fl  # noqa: F401
+from scripts.testmatrix.capabilities import libcupti_loadable
 from tests.profiler.trace_tools import aten_sequence, capture, complete_events, matmul_workload
 
 OPS = {"aten::mm", "aten::relu", "aten::matmul"}
 
 
 def require_cupti_and_gpu() -> None:
-    name = ctypes.util.find_library("cupti") or "libcupti.so"
-    try:
-        ctypes.CDLL(name)
-    except OSError as exc:
-        raise AssertionError(f"no libcupti: {exc}") from exc
+    # The matrix's own probe, so a host it calls `libcupti` is a host these tests call so: pip's
+    # CUDA wheels keep libcupti in site-packages, where a bare dlopen("libcupti.so") misses it.
+    assert libcupti_loadable(), "no libcupti (system, CUDA_HOME or pip nvidia/* dirs)"
     assert torch.cuda.is_available(), "no CUDA device: no GPU kernel events"
 
 
