@@ -9,7 +9,7 @@ import torch
 from torch.profiler import ProfilerActivity
 
 import torch_fl  # noqa: F401 - registers flagos
-from tests.profiler.trace_tools import capture, complete_events, matmul_workload
+from tests.profiler.trace_tools import aten_sequence, capture, complete_events, matmul_workload
 
 CPU = [ProfilerActivity.CPU]
 
@@ -22,6 +22,16 @@ def test_fallback_ranges_have_durations(tmp_path: Path):
     assert all(e["dur"] > 0 for e in ranges)
     mm = complete_events(events, "aten::mm")
     assert mm and all(e["dur"] > 0 for e in mm)
+
+
+@pytest.mark.board
+def test_flagos_trace_structure_matches_cpu(tmp_path: Path):
+    # What the CUPTI parity test compares against CUDA, checked on every host against the CPU:
+    # the fallback's nested re-dispatch must not read as a second op.
+    ops = {"aten::mm", "aten::relu", "aten::matmul"}
+    flagos = aten_sequence(capture(matmul_workload("flagos"), tmp_path, CPU), ops)
+    cpu = aten_sequence(capture(matmul_workload("cpu"), tmp_path, CPU), ops)
+    assert flagos == cpu == ["aten::matmul", "aten::mm", "aten::relu"] * 10, (flagos, cpu)
 
 
 def test_stream_ids_in_trace_are_real(tmp_path: Path):

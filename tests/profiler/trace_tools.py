@@ -27,9 +27,27 @@ def complete_events(events: list[dict], name_prefix: str) -> list[dict]:
 
 
 def aten_sequence(events: list[dict], ops: set[str]) -> list[str]:
-    """Top-level aten ops of interest in start-time order (the structure of a workload)."""
-    picked = [e for e in events if e.get("ph") == "X" and e.get("name") in ops]
-    return [e["name"] for e in sorted(picked, key=lambda e: e["ts"])]
+    """The aten ops of interest in start-time order (the structure of a workload), each op once.
+
+    An op inside a range of the same op on the same thread is that op run again, not a new one:
+    the flagos fallback re-dispatches `aten::mm` to the CPU kernel inside the device's `aten::mm`.
+    Ops inside *other* ops stay (`aten::mm` under `aten::matmul` is the workload's structure on
+    every device).
+    """
+    picked = sorted(
+        (e for e in events if e.get("ph") == "X" and e.get("name") in ops), key=lambda e: e["ts"]
+    )
+    kept: list[dict] = []
+    for event in picked:
+        if not any(_inside(event, outer) for outer in kept if outer["name"] == event["name"]):
+            kept.append(event)
+    return [e["name"] for e in kept]
+
+
+def _inside(event: dict, outer: dict) -> bool:
+    same_thread = (event.get("pid"), event.get("tid")) == (outer.get("pid"), outer.get("tid"))
+    starts_in = outer["ts"] <= event["ts"]
+    return same_thread and starts_in and event["ts"] + event["dur"] <= outer["ts"] + outer["dur"]
 
 
 def matmul_workload(device: str) -> Callable[[], object]:
