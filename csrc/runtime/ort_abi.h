@@ -60,6 +60,9 @@ constexpr int kGetTensorTypeAndShape = 65;
 constexpr int kKernelContextGetInput = 90;
 constexpr int kKernelContextGetOutput = 91;
 constexpr int kReleaseTensorTypeAndShapeInfo = 99;
+// (context, fn(user, i), total, max batches (0: no limit), user): fn for every i < total on the
+// session's intra-op threads; inline where the session has one thread. Since version 17.
+constexpr int kKernelContextParallelFor = 274;
 }  // namespace slot
 
 // OrtCustomOp, up to the fields of version 17; ONNX Runtime reads no further for that version.

@@ -401,6 +401,62 @@ def test_a_float_lookup_refuses_a_byte_table_size_by_name():
         _session(model).run(None, {"x": np.zeros(4, np.uint8)})
 
 
+def _threaded_session(model, threads: int):
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    options.intra_op_num_threads = threads
+    options.register_custom_ops_library(lookup_library())
+    return ort.InferenceSession(model.SerializeToString(), options, ["CPUExecutionProvider"])
+
+
+# shapes whose outputs are split into pieces over the session's threads (ort_lookup.cpp
+# run_pieces): slices of one long row, many short rows, rows longer than a piece
+PAIR_SHAPES = [
+    ([300007], [300007]),  # both along one row: sliced
+    ([1], [500001]),  # one table row over a long input
+    ([2, 57, 57, 24], [2, 1, 1, 24]),  # per-channel scale in NHWC: many short rows
+    ([3, 16, 111, 113], [3, 16, 1, 1]),  # per-channel scale in NCHW
+    ([3, 200003], [3, 1]),  # rows longer than a piece, the second operand fixed per row
+    ([3, 1], [3, 200003]),
+    ([64, 1, 4099], [1, 37, 1]),  # neither runs along the other's rows
+]
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3])
+@pytest.mark.parametrize("a_shape,b_shape", PAIR_SHAPES)
+def test_a_pair_lookup_split_over_threads_is_exact(threads, a_shape, b_shape):
+    rng = np.random.default_rng(7)
+    table = rng.integers(0, 256, 65536, dtype=np.uint8)
+    a, b = _bytes(a_shape, U8, 1), _bytes(b_shape, U8, 2)
+    want = table[256 * a.astype(np.int64) + b]
+    model = _op_model("Lookup2U8", table, [(U8, a_shape), (U8, b_shape)])
+    got = _threaded_session(model, threads).run(None, {"in0": a, "in1": b})[0]
+    assert got.shape == want.shape
+    np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("threads", [2, 3])
+@pytest.mark.parametrize("n", [16383, 32768, 1000003])
+def test_one_input_lookups_split_over_threads_are_exact(threads, n):
+    rng = np.random.default_rng(n)
+    x = rng.integers(0, 256, n, dtype=np.uint8)
+    table = rng.integers(0, 256, 256, dtype=np.uint8)
+    got = _threaded_session(_op_model("LookupU8", table, [(U8, [n])]), threads)
+    np.testing.assert_array_equal(got.run(None, {"in0": x})[0], table[x])
+    floats = rng.standard_normal(256).astype(np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("LookupF32", ["t", "x"], ["y"], domain=DOMAIN)],
+        "op",
+        [helper.make_tensor_value_info("x", U8, [n])],
+        [helper.make_tensor_value_info("y", F, None)],
+        [numpy_helper.from_array(floats, "t")],
+    )
+    opsets = [helper.make_opsetid("", 17), helper.make_opsetid(DOMAIN, 1)]
+    model = helper.make_model(graph, opset_imports=opsets, ir_version=8)
+    got = _threaded_session(model, threads).run(None, {"x": x})[0]
+    assert got.tobytes() == floats[x].tobytes()
+
+
 @pytest.mark.board
 @pytest.mark.parametrize("n", [0, 1, 15, 16, 17, 63, 64, 65, 127, 1000, 4099])
 def test_both_forms_of_each_lookup_agree(n):
