@@ -425,6 +425,17 @@ PAIR_SHAPES = [
 @pytest.mark.parametrize("threads", [1, 2, 3])
 @pytest.mark.parametrize("a_shape,b_shape", PAIR_SHAPES)
 def test_a_pair_lookup_split_over_threads_is_exact(threads, a_shape, b_shape):
+    _check_pairs(threads, a_shape, b_shape)
+
+
+@pytest.mark.board
+def test_on_this_cpu_lookups_split_over_two_threads_are_exact():
+    """The board's check of the split (its ONNX Runtime's thread pool, the NEON form)."""
+    for a_shape, b_shape in (PAIR_SHAPES[2], PAIR_SHAPES[4]):
+        _check_pairs(2, a_shape, b_shape)
+
+
+def _check_pairs(threads: int, a_shape, b_shape) -> None:
     rng = np.random.default_rng(7)
     table = rng.integers(0, 256, 65536, dtype=np.uint8)
     a, b = _bytes(a_shape, U8, 1), _bytes(b_shape, U8, 2)
