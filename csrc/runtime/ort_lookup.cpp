@@ -398,17 +398,21 @@ void lookup_pairs(const uint8_t* table, const uint8_t* a, const uint8_t* b, uint
 // Splitting one op's work over the session's intra-op threads (ORT's KernelContext_ParallelFor:
 // a custom op otherwise runs on one thread while the pool waits; MobileNetV3 at batch 8 on 2
 // threads spent 1.5 of 4.9 ms in lookups, at the speed of 1 thread). A piece is at least
-// kMinPiece outputs, so a small tensor stays one call, and at most kMaxPieces of them keep the
-// handing-out cheap while leaving a 16-thread pool balanced.
-constexpr int64_t kMinPiece = 16384;
+// `min_piece` outputs, so a small tensor stays one call (handing a piece to another thread
+// cost about 2 us here: a byte lookup of 50 000 outputs took 4.6 us whole and 6.6 us in
+// pieces on 2 threads), and at most kMaxPieces of them keep the handing-out cheap while
+// leaving a 16-thread pool balanced.
+constexpr int64_t kMinBytePiece = 131072;  // byte lookups: ~45 GB/s, 64 KB is ~3 us
+constexpr int64_t kMinPiece = 16384;       // float results and pairs: 5-10x slower per output
 constexpr int64_t kMaxPieces = 32;
 
 // `count` outputs as pieces of whole rows of `inner` (or slices of one row, where a row alone
 // is larger than a piece): piece i is rows [r0, r1), columns [j0, j1).
 struct Pieces {
   int64_t rows, inner, rows_per, slices, cols_per, count;
-  Pieces(int64_t total, int64_t inner_) : rows(total / inner_), inner(inner_) {
-    const int64_t want = std::max<int64_t>(1, std::min(kMaxPieces, total / kMinPiece));
+  Pieces(int64_t total, int64_t inner_, int64_t min_piece)
+      : rows(total / inner_), inner(inner_) {
+    const int64_t want = std::max<int64_t>(1, std::min(kMaxPieces, total / min_piece));
     const int64_t size = (total + want - 1) / want;
     if (size >= inner) {  // whole rows per piece
       rows_per = std::max<int64_t>(1, size / inner), slices = 1, cols_per = inner;
@@ -474,7 +478,8 @@ Status* compute(void* kernel, KernelContext* context) {
     if (count == 0) {
       return nullptr;
     }
-    const Pieces pieces(count, count);  // one row: pieces are 64-aligned slices of it
+    // one row: pieces are 64-aligned slices of it
+    const Pieces pieces(count, count, spec.out_type == kFloat ? kMinPiece : kMinBytePiece);
     if (spec.out_type == kFloat) {
       const float* ftab = static_cast<const float*>(table.data);
       float* y = static_cast<float*>(out);
@@ -508,7 +513,7 @@ Status* compute(void* kernel, KernelContext* context) {
   }
   int64_t total = 1;
   for (int64_t d : bc.out_dims) total *= d;
-  const Pieces pieces(total, bc.extent.back());
+  const Pieces pieces(total, bc.extent.back(), kMinPiece);
   const uint8_t* a = static_cast<const uint8_t*>(x.data);
   const uint8_t* b = static_cast<const uint8_t*>(z.data);
   uint8_t* y = static_cast<uint8_t*>(out);
