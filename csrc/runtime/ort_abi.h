@@ -4,8 +4,9 @@
 // The ABI is stable and append-only: `OrtApi` is a table of function pointers whose slots never
 // move once released, and `OrtCustomOp` a table of callbacks that ONNX Runtime reads only up to
 // the fields its `version` field says exist. The slot numbers below are positions in that table
-// (counted in the API of ORT_API_VERSION 29; every slot used here existed by version 16).
-// tests/unit/test_lookup_op.py runs the op in a real session: a wrong slot fails there.
+// (counted in the API of ORT_API_VERSION 29; every slot used here exists from version 17, the
+// newest, KernelContext_ParallelFor, since then).
+// tests/unit/test_lookups.py runs the ops in real sessions: a wrong slot fails there.
 #pragma once
 
 #include <cstddef>
