@@ -92,6 +92,12 @@ def _medians(fns: dict[str, Callable], iters: int, settle: float = 0.0) -> dict[
     return {k: v * 1e3 for k, v in seconds.items()}
 
 
+WARM_CALLS = 3
+"""Untimed calls opening each block of the steady timing, at most (never under one; fewer once
+they have run `BLOCK_BUDGET_S`): after another variant's work a call is slow for several calls,
+not one (MobileNetV3's sim at batch 1 on 1 thread, after three ORT int8 runs, by hand:
+1.96, 1.61, 1.29, 1.21, 1.14, 1.10 ms for its first six calls, 1.07-1.12 after), and a block
+that timed from its second call measured that recovery rather than the loop."""
 BLOCK_CALLS = 5
 """Timed calls per block in the steady timing, at most ..."""
 BLOCK_BUDGET_S = 0.15
@@ -102,16 +108,20 @@ BLOCK_BUDGET_S = 0.15
 def _steady(fns: dict[str, Callable], rounds: int, settle: float = 0.0) -> dict[str, float]:
     """Median ms of each variant called back to back ("steady", as an inference loop calls it):
     per round, each variant in turn gets a block: `settle` seconds idle (the previous variant's
-    spinning threads go to sleep), one untimed call, then up to `BLOCK_CALLS` timed ones. The
-    rounds still interleave the variants, so drift of the machine hits each alike; within a
-    block a variant's thread pool and caches are its own, which the gapped timing never gives a
-    multi-threaded variant on a 2-CPU host (docs/compile-models.md)."""
+    spinning threads go to sleep), up to `WARM_CALLS` untimed calls, then up to `BLOCK_CALLS`
+    timed ones. The rounds still interleave the variants, so drift of the machine hits each
+    alike; within a block a variant's thread pool and caches are its own, which the gapped
+    timing never gives a multi-threaded variant on a 2-CPU host (docs/compile-models.md)."""
     samples: dict[str, list[float]] = {k: [] for k in fns}
     for _ in range(rounds):
         for name, run in fns.items():
             if settle:
                 time.sleep(settle)
-            run()
+            start = time.perf_counter()
+            for _ in range(WARM_CALLS):
+                run()
+                if time.perf_counter() - start > BLOCK_BUDGET_S:
+                    break
             start = time.perf_counter()
             for i in range(BLOCK_CALLS):
                 t0 = time.perf_counter()

@@ -22,18 +22,20 @@ def test_steady_gives_each_variant_a_block_of_back_to_back_calls_per_round() -> 
     log: list[str] = []
     fns = {"a": _recording(log, "a"), "b": _recording(log, "b")}
     medians = bench_sim._steady(fns, rounds=2)
-    block = 1 + bench_sim.BLOCK_CALLS  # one untimed call, then the timed ones
+    block = bench_sim.WARM_CALLS + bench_sim.BLOCK_CALLS  # the untimed calls, then the timed
     assert log == (["a"] * block + ["b"] * block) * 2
     assert set(medians) == {"a", "b"} and all(v >= 0.0 for v in medians.values())
 
 
-def test_a_slow_variant_stops_its_block_at_the_budget_but_never_under_two_timed_calls() -> None:
+def test_a_slow_variant_stops_its_block_at_the_budget_but_never_under_one_warm_and_two_timed() -> (
+    None
+):
     log: list[str] = []
     slow_s = bench_sim.BLOCK_BUDGET_S  # one call alone spends the block's budget
     fns = {"slow": _recording(log, "slow", slow_s), "fast": _recording(log, "fast")}
     medians = bench_sim._steady(fns, rounds=1)
     assert log.count("slow") == 1 + 2
-    assert log.count("fast") == 1 + bench_sim.BLOCK_CALLS
+    assert log.count("fast") == bench_sim.WARM_CALLS + bench_sim.BLOCK_CALLS
     assert medians["slow"] >= slow_s * 1e3 * 0.9 > medians["fast"]
 
 
