@@ -255,3 +255,5 @@ def test_explain_describes_the_compiled_model():
     assert "calibration:" in rep.table() and "calibrated" in rep.table()
     with pytest.raises(bpu.BpuError, match="options apply only"):
         bpu.explain(compiled, _samples(1)[0], executor="eager")
+    with pytest.raises(bpu.BpuError, match=r"no inputs failed .*pass its inputs"):
+        bpu.explain(compiled)  # explain runs the model: the inputs are not optional

@@ -51,7 +51,17 @@ def explain(model: Any, *inputs: Any, **options: Any) -> Report:
     else:
         compiled = model
     with ran() as seen:
-        compiled(*inputs)
+        try:
+            compiled(*inputs)
+        except TypeError as exc:
+            if inputs:
+                raise
+            # `explain(compiled)`: the model's own complaint about a missing argument would not
+            # say that explain runs the model and needs what it takes
+            raise ExplainError(
+                f"explain: calling the model with no inputs failed ({exc}); explain runs the "
+                "model once: pass its inputs, e.g. bpu.explain(compiled, x)"
+            ) from exc
     graphs = list({id(g): g for g in seen}.values())
     if not graphs:
         raise ExplainError(
