@@ -402,7 +402,7 @@ void lookup_pairs(const uint8_t* table, const uint8_t* a, const uint8_t* b, uint
 // cost about 2 us here: a byte lookup of 50 000 outputs took 4.6 us whole and 6.6 us in
 // pieces on 2 threads), and at most kMaxPieces of them keep the handing-out cheap while
 // leaving a 16-thread pool balanced.
-constexpr int64_t kMinBytePiece = 131072;  // byte lookups: ~45 GB/s, 64 KB is ~3 us
+constexpr int64_t kMinBytePiece = 131072;  // byte lookups: ~45 GB/s, 128 KB is ~3 us
 constexpr int64_t kMinPiece = 16384;       // float results and pairs: 5-10x slower per output
 constexpr int64_t kMaxPieces = 32;
 
