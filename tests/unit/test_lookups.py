@@ -447,7 +447,8 @@ def _check_pairs(threads: int, a_shape, b_shape) -> None:
 
 
 @pytest.mark.parametrize("threads", [2, 3])
-@pytest.mark.parametrize("n", [16383, 32768, 1000003])
+# whole below a piece, then the first split of float results (2 x 16 K) and of bytes (2 x 128 K)
+@pytest.mark.parametrize("n", [16383, 32768, 262144, 1000003])
 def test_one_input_lookups_split_over_threads_are_exact(threads, n):
     rng = np.random.default_rng(n)
     x = rng.integers(0, 256, n, dtype=np.uint8)
