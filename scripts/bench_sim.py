@@ -6,7 +6,8 @@ its default int8), PT2E (X86InductorQuantizer + inductor, where torchao is insta
 `backend="bpu"` with `executor="sim"` (calibrated, default `sim_weights="checked"`). Each is
 timed two ways, both in round-robin rounds so machine drift hits every variant alike: steady
 (per round a block of back-to-back calls, as an inference loop calls it) and gapped (per round
-one call, after the other variants ran, and after 20 ms idle at more than one thread). Targets,
+one call, after the other variants ran; at more than one thread both wait at least 20 ms and
+until the other variants' pool threads sleep, scripts/quiet.py). Targets,
 printed met / missed for each: sim >= ONNX Runtime int8 and sim >= ONNX Runtime fp32 (speed
 ratios >= 1.0).
 
@@ -47,13 +48,13 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 import torch_fl.bpu as bpu  # noqa: E402
-from scripts import plots  # noqa: E402
+from scripts import plots, quiet  # noqa: E402
 from tests.support import ort  # noqa: E402
 from tests.support.pt2e import quantize as pt2e_quantize  # noqa: E402
 from torch_fl.bpu import report  # noqa: E402
 from torch_fl.bpu.conversion import calibration_store  # noqa: E402
 from torch_fl.bpu.runtime import sim_threads  # noqa: E402
-from torch_fl.bpu.runtime.executors import UNFUSED  # noqa: E402
+from torch_fl.bpu.runtime.executors import UNFUSED, fused_graph  # noqa: E402
 
 MODELS = ("resnet18", "mobilenetv3", "vit", "transformer_encoder")
 TARGETS = {"sim_vs_ort_int8": "ort_int8", "sim_vs_ort_fp32": "ort_fp32"}
@@ -78,17 +79,26 @@ def build(name: str, batch: int) -> tuple[torch.nn.Module, torch.Tensor]:
 
 
 SETTLE_S = 0.02
-"""Pause before each timed call with more than one thread: ONNX Runtime's pool and torch's OpenMP
-threads spin-wait after a run (up to milliseconds), and a variant timed while the previous one's
-threads still spin shares the cores with them (measured here: eager MobileNetV3 at 2 threads
-took 64 ms right after the ORT sessions, 7.5 ms alone)."""
+"""Least idle before each block and each gapped call with more than one thread; the wait then
+goes on until the process's other threads sleep (`scripts/quiet.py`). A variant timed while the
+previous one's pool still spins shares the cores with it: eager MobileNetV3 at 2 threads took
+64 ms right after the ORT sessions, 7.5 ms alone; ONNX Runtime's workers spin 34 to 43 ms after
+a run here, so a fixed 20 ms left each variant after an ORT one (ORT int8 after ORT fp32, the sim
+after ORT int8) ~20 ms beside a spinning worker, and its calls there ~5 ms slower (by hand,
+MobileNetV3 batch 1 on 2 threads: ORT int8 1.08 ms a call alone, 1.14 after ORT fp32 with
+5.2-5.6 ms calls among them)."""
+
+
+def _idle(least_s: float) -> Callable[[], object] | None:
+    """The wait before a timed block or call: none at 0, else `quiet.settle(least_s)`."""
+    return (lambda: quiet.settle(least_s)) if least_s > 0 else None
 
 
 def _medians(fns: dict[str, Callable], iters: int, settle: float = 0.0) -> dict[str, float]:
     """Median ms of each variant called in turns ("gapped"): two warm-ups each, then `iters`
     round-robin rounds of one timed call each (the same interleaved timing a sim partition's
     thread choice uses, without its budget): a call that follows another program's work."""
-    seconds = sim_threads.measure(fns, iters, math.inf, settle, warmups=2)
+    seconds = sim_threads.measure(fns, iters, math.inf, settle, warmups=2, idle=_idle(settle))
     return {k: v * 1e3 for k, v in seconds.items()}
 
 
@@ -107,16 +117,17 @@ BLOCK_BUDGET_S = 0.15
 
 def _steady(fns: dict[str, Callable], rounds: int, settle: float = 0.0) -> dict[str, float]:
     """Median ms of each variant called back to back ("steady", as an inference loop calls it):
-    per round, each variant in turn gets a block: `settle` seconds idle (the previous variant's
-    spinning threads go to sleep), up to `WARM_CALLS` untimed calls, then up to `BLOCK_CALLS`
+    per round, each variant in turn gets a block: at least `settle` seconds idle, until the
+    previous variant's spinning threads sleep (`_idle`), then up to `WARM_CALLS` untimed calls, then up to `BLOCK_CALLS`
     timed ones. The rounds still interleave the variants, so drift of the machine hits each
     alike; within a block a variant's thread pool and caches are its own, which the gapped
     timing never gives a multi-threaded variant on a 2-CPU host (docs/compile-models.md)."""
     samples: dict[str, list[float]] = {k: [] for k in fns}
+    idle = _idle(settle)
     for _ in range(rounds):
         for name, run in fns.items():
-            if settle:
-                time.sleep(settle)
+            if idle is not None:
+                idle()
             start = time.perf_counter()
             for _ in range(WARM_CALLS):
                 run()
@@ -182,12 +193,7 @@ def _sim(model, x, calib, threads: int):
 
 def _integer_graph(runtime):
     """The partition's integer-form graph as its executor builds it, before lookups."""
-    import onnx
-
-    from torch_fl.bpu.conversion.integer_form import to_integer_form
-
-    return to_integer_form(onnx.load_from_string(runtime.last_build.onnx_bytes),
-                           runtime._exec.kernels.path)  # fmt: skip
+    return fused_graph(runtime.last_build.onnx_bytes, runtime._exec.kernels.path)[0]
 
 
 def _session_without_lookups(runtime):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import torch
 from torch import nn
@@ -46,6 +48,17 @@ def test_measure_interleaves_and_bounds_its_rounds():
     calls.clear()
     sim_threads.measure({1: lambda: calls.append(1)}, rounds=50, budget_s=0.0, pause_s=0.0)
     assert calls == [1, 1]  # the budget spent after the first round: no more rounds
+
+
+def test_measure_calls_its_idle_before_each_timed_run_instead_of_pausing():
+    calls: list[str] = []
+    start = time.perf_counter()
+    sim_threads.measure(
+        {1: lambda: calls.append("1"), 2: lambda: calls.append("2")},
+        rounds=2, budget_s=10, pause_s=5.0, idle=lambda: calls.append("idle"),
+    )  # fmt: skip
+    assert time.perf_counter() - start < 5.0  # the pause was not slept
+    assert calls == ["1", "2"] + ["1", "idle", "1", "2", "idle", "2"] * 2
 
 
 class Net(nn.Module):

@@ -186,6 +186,13 @@ class Report:
             + (f" ({form})" if form else "")
             for gid, pid, n, form in lookups
         ]
+        lines += [
+            f"sim narrow convs: graph {g.graph_id} part {p.id}: {p.sim_kernels['narrow_convs']} "
+            "integer convs with few channels as exact float convs (conversion/narrow_convs.py)"
+            for g in self.graphs
+            for p in g.partitions
+            if p.sim_kernels and p.executor == "sim" and p.sim_kernels.get("narrow_convs")
+        ]
         return lines
 
     def _thread_lines(self) -> list[str]:

@@ -24,13 +24,23 @@ import torch
 
 from torch_fl.bpu.conversion.integer_form import to_integer_form
 from torch_fl.bpu.conversion.lookups import optimized_with_lookups
+from torch_fl.bpu.conversion.narrow_convs import rewrite_narrow_convs
 from torch_fl.bpu.errors import ArtifactError
 from torch_fl.bpu.runtime import sim_threads
 from torch_fl.bpu.runtime.sim_kernels import KernelChoice
 from torch_fl.host_view import cpu_views, to_device
 
-UNFUSED = ("SkipLayerNormFusion",)
-"""ONNX Runtime graph fusions the sim's integer session runs without (measured slower)."""
+UNFUSED = ("SkipLayerNormFusion", "ConvMulFusion")
+"""ONNX Runtime graph fusions the sim's integer session runs without: SkipLayerNormalization
+(measured slower, below), and the folding of a constant Mul into a float Conv's weights, which
+would break the exactness of the narrow convs' float form (conversion/narrow_convs.py)."""
+
+
+def fused_graph(onnx_bytes: bytes, path: str) -> tuple[onnx.ModelProto, int]:
+    """The graph the sim's integer session runs for kernel path `path`: the integer form, with
+    its narrow convs as exact float convs; and how many of those."""
+    model = to_integer_form(onnx.load_from_string(onnx_bytes), path)
+    return model, rewrite_narrow_convs(model)
 
 
 LOOKUP_MIN_ORT = (1, 17)
@@ -105,16 +115,19 @@ class SimExecutor:
         self._trial: dict = {}
         self.lookups = 0
         """How many elementwise chains the session runs as table lookups."""
+        self.narrow_convs = 0
+        """How many narrow integer convs the session runs as exact float convs."""
         if self.kernels.path != "float":
             try:
                 # the integer form ORT fuses into QLinearConv/QGemm/...; the path was probed
                 # exact on this CPU
-                model = to_integer_form(onnx.load_from_string(onnx_bytes), self.kernels.path)
+                model, self.narrow_convs = fused_graph(onnx_bytes, self.kernels.path)
                 if lookups and lookup_library() is not None:
                     self._open_with_lookups(model)
                 if not self.lookups:
                     self._open_session(model.SerializeToString(), fused=True)
             except Exception as exc:  # noqa: BLE001  (any rejection: the float path is exact)
+                self.narrow_convs = 0
                 why = str(exc).strip().splitlines()[0][:160] if str(exc).strip() else ""
                 self.kernels = KernelChoice(
                     "float", f"{self.kernels.path} form rejected ({type(exc).__name__}: {why})"

@@ -425,6 +425,7 @@ class PartitionRuntime(torch.nn.Module):
                 "reason": kernels.reason,
                 "lookups": getattr(inner, "lookups", 0),
                 "lookup_kernel": _lookup_kernel(),
+                "narrow_convs": getattr(inner, "narrow_convs", 0),
             }
             if kernels is not None
             else None

@@ -29,11 +29,13 @@ Three were too few on a noisy VM: ViT-S/16 at batch 1 once chose 1 thread on its
 (1 thread 22.91 ms, 2 threads 25.97 ms), where the same sessions later in that process took
 21.56 and 13.00 ms back to back; a median of three is lost to two slow rounds."""
 PAUSE_S = 0.02
-"""Idle time before each timed run. A call after a pause finds ORT's pool threads asleep (they
-spin only briefly after a run) and pays their wake-up; back-to-back runs do not, and on a 2-vCPU
-VM they made 2 threads look faster while every single call was slower. The pause times what a
-caller sees when its calls have gaps (a camera loop, a request), as scripts/bench_sim.py's gapped
-timing does (its steady timing calls back to back)."""
+"""Idle time before each timed run: what a caller sees when its calls have short gaps (a camera
+loop), not back to back. Back-to-back runs on a 2-vCPU VM made 2 threads look faster while
+every single call was slower. A pool's workers stay awake through this pause: ORT's spin about
+2^20 pause instructions after a run, 34 to 43 ms on a 2-vCPU EPYC (scripts/quiet.py), so each
+candidate's timed run finds its own workers spinning from its untimed one, as a loop's next
+call does; calls spaced wider than that spin pay the workers' wake-up, which this choice does
+not time."""
 TURN_WARMUPS = 1
 """Untimed runs of a callable at the start of each of its turns, before the timed one. The first
 run of an ONNX Runtime session right after another session ran is slow: its pool's threads wake
@@ -71,10 +73,12 @@ def measure(
     pause_s: float = PAUSE_S,
     warmups: int = 1,
     turn_warmups: int = TURN_WARMUPS,
+    idle: Callable[[], object] | None = None,
 ) -> dict[Hashable, float]:
     """Median seconds of each callable: `warmups` untimed runs each, then rounds of one turn
-    each in turn, each turn `turn_warmups` untimed runs and one timed run after `pause_s` idle,
-    until `rounds` or `budget_s` is spent."""
+    each in turn, each turn `turn_warmups` untimed runs and one timed run after `pause_s` idle
+    (or after `idle()`, where given: scripts/bench_sim.py waits there until the other variants'
+    pool threads sleep), until `rounds` or `budget_s` is spent."""
     for run in runs.values():
         for _ in range(warmups):
             run()
@@ -84,7 +88,9 @@ def measure(
         for n, run in runs.items():
             for _ in range(turn_warmups if len(runs) > 1 else 0):
                 run()
-            if pause_s:
+            if idle is not None:
+                idle()
+            elif pause_s:
                 time.sleep(pause_s)
             t0 = time.perf_counter()
             run()
