@@ -201,7 +201,7 @@ def test_a_compiled_stem_runs_as_a_float_conv_and_keeps_the_integer_numbers(path
     part = rep.graphs[0].partitions[0]
     assert part.sim_kernels["narrow_convs"] == 1
     assert (
-        f"sim narrow convs: graph {rep.graphs[0].graph_id} part {part.id}: 1 integer convs with "
+        f"sim narrow convs: graph {rep.graphs[0].graph_id} part {part.id}: 1 integer conv with "
         "few channels as exact float convs"
     ) in rep.table()
     onnx_bytes = runtime.last_build.onnx_bytes

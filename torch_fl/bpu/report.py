@@ -187,11 +187,13 @@ class Report:
             for gid, pid, n, form in lookups
         ]
         lines += [
-            f"sim narrow convs: graph {g.graph_id} part {p.id}: {p.sim_kernels['narrow_convs']} "
-            "integer convs with few channels as exact float convs (conversion/narrow_convs.py)"
+            f"sim narrow convs: graph {g.graph_id} part {p.id}: {n} integer conv{'s' * (n != 1)} "
+            "with few channels as exact float convs (conversion/narrow_convs.py)"
             for g in self.graphs
             for p in g.partitions
-            if p.sim_kernels and p.executor == "sim" and p.sim_kernels.get("narrow_convs")
+            if p.sim_kernels and p.executor == "sim"
+            for n in [p.sim_kernels.get("narrow_convs", 0)]
+            if n
         ]
         return lines
 
