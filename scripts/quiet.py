@@ -2,12 +2,12 @@
 variants that each bring a thread pool.
 
 A pool's threads keep a CPU busy after their last work item. ONNX Runtime's intra-op workers
-spin about 2^20 pause instructions before they sleep: after a 2-thread MobileNetV3 session
-stopped, its worker ran 34 to 43 ms more (three repeats on a 2-vCPU EPYC, read from
-/proc/self/task/*/schedstat); torch's OpenMP workers 7 to 10 ms. A fixed 20 ms pause therefore
-left the next variant sharing a 2-CPU host with the previous one's spinning worker for another
-~20 ms, and calls in that window took ~5 ms longer (a scheduler slice). How long a pool spins
-depends on the CPU (the cost of `pause`), so the wait is measured, not assumed.
+spin before they sleep (`session.intra_op.allow_spinning`, on by default): after a 2-thread
+MobileNetV3 session stopped, its worker ran 34 to 43 ms more (three repeats on a 2-vCPU EPYC,
+read from /proc/self/task/*/schedstat); torch's OpenMP workers 7 to 10 ms. A fixed 20 ms pause
+therefore left the next variant sharing a 2-CPU host with the previous one's spinning worker for
+another ~20 ms, and calls in that window took ~5 ms longer (a scheduler slice). How long a pool
+spins depends on the runtime and the CPU, so the wait is measured, not assumed.
 """
 
 from __future__ import annotations

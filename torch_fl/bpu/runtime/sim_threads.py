@@ -31,8 +31,8 @@ Three were too few on a noisy VM: ViT-S/16 at batch 1 once chose 1 thread on its
 PAUSE_S = 0.02
 """Idle time before each timed run: what a caller sees when its calls have short gaps (a camera
 loop), not back to back. Back-to-back runs on a 2-vCPU VM made 2 threads look faster while
-every single call was slower. A pool's workers stay awake through this pause: ORT's spin about
-2^20 pause instructions after a run, 34 to 43 ms on a 2-vCPU EPYC (scripts/quiet.py), so each
+every single call was slower. A pool's workers stay awake through this pause: ORT's spin after a
+run (its default `allow_spinning`), 34 to 43 ms on a 2-vCPU EPYC (scripts/quiet.py), so each
 candidate's timed run finds its own workers spinning from its untimed one, as a loop's next
 call does; calls spaced wider than that spin pay the workers' wake-up, which this choice does
 not time."""
