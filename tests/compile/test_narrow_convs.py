@@ -139,10 +139,16 @@ def test_the_float_form_gives_the_fused_integer_convs_bytes(case: dict, threads:
         (dict(cin=16, k=1, stride=1), "a 1x1 conv is a plain GEMM"),
         (dict(cin=4, cout=4, k=3, group=4), "grouped (depthwise)"),
         (dict(bias_max=2**24), "a bias whose sums leave float32's exact integers"),
+        (dict(), "weights scaled per input channel (axis 1), which ORT does not fuse"),
     ],
 )
 def test_what_is_not_narrow_or_not_exact_stays_an_integer_conv(case: dict, why: str) -> None:
     model = _conv_graph(**case)
+    if not case:
+        dq = next(n for n in model.graph.node if n.output[0] == "wd")
+        dq.attribute[0].i = 1
+        _set(model, "w_scale", np.full(3, 0.01, np.float32))
+        _set(model, "w_zero", np.zeros(3, np.int8))
     if "bias_max" in case:  # make sure one bias reaches the bound
         bias = next(i for i in model.graph.initializer if i.name == "b")
         values = numpy_helper.to_array(bias).copy()

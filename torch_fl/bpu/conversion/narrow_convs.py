@@ -92,6 +92,9 @@ def _plan(graph: _Graph, conv: onnx.NodeProto) -> dict | None:
         return None
     if bias.dtype != np.int32 or np.any(b_zero != 0) or y_scale.size != 1:
         return None
+    w_axis = next((helper.get_attribute_value(a) for a in dqs[1].attribute if a.name == "axis"), 1)
+    if w_scale.size > 1 and w_axis not in (0, -4):
+        return None  # per-channel along another axis: not a layout ORT fuses into QLinearConv
     out_channels, k = weight.shape[0], int(np.prod(weight.shape[1:]))
     if weight.shape[2] * weight.shape[3] == 1 or k > MAX_K or out_channels > MAX_OUT:
         return None  # a 1x1 conv is a plain GEMM, which the int8 kernels run well
