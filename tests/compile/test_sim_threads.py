@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import time
 
 import pytest
@@ -120,3 +123,117 @@ def test_fixed_runs_exactly_the_count_asked(threads):
 def test_bad_choice_is_refused_with_the_choices():
     with pytest.raises(Exception, match="measured"):
         _first_call(sim_thread_choice="fastest")
+
+
+def test_a_confirmation_runs_blocks_at_each_count_in_turn_and_keeps_the_faster():
+    confirm = sim_threads.Confirmation((2, 1), pid=0, rounds=3, block=2)
+    order, fake_ms = [], {1: 3.0, 2: 5.0}
+    while (n := confirm.next_count()) is not None:
+        order.append(n)
+        confirm.record(fake_ms[n] / 1e3 + (0.1 if len(order) % 2 else 0.0))  # untimed: slower
+    assert order == [2, 2, 1, 1, 1, 1, 2, 2, 2, 2, 1, 1]
+    # one timed call per block of two: the first of each block is not counted
+    assert {n: len(v) for n, v in confirm.samples.items()} == {1: 3, 2: 3}
+    assert confirm.medians_ms() == {1: 3.0, 2: 5.0} and confirm.best() == 1
+    tie = sim_threads.Confirmation((2, 1), pid=0, rounds=1, block=2)
+    while tie.next_count() is not None:
+        tie.record(0.004)
+    assert tie.best() == 1  # a tie keeps the fewer threads
+
+
+def _confirmed(compiled, x, out):
+    """Run calls until the partition's confirmation is done; every output equals `out`."""
+    plan = sim_threads.CONFIRM_ROUNDS * 2 * sim_threads.CONFIRM_BLOCK
+    with torch.no_grad():
+        for _ in range(plan + 1):
+            assert torch.equal(compiled(x), out)
+
+
+@pytest.mark.skipif(sim_threads.usable_cpus() < 2, reason="needs two CPUs for two counts")
+def test_the_first_calls_choice_is_confirmed_on_the_next_calls():
+    reps, out, compiled, x = _first_call(sim_threads=2)
+    rt = runtimes(reps)[0]
+    first = dict(rt.entry.sim_threads)
+    assert sorted(first["confirm"]) == [1, 2] and rt._confirm is not None
+    assert sorted(rt._exec._trial) == [1, 2]  # both sessions open while it runs
+    _confirmed(compiled, x, out)
+    entry = rt.entry.sim_threads
+    assert rt._confirm is None and rt._exec._trial == {}
+    assert sorted(entry["confirmed_ms"]) == [1, 2]
+    best = min(entry["confirmed_ms"], key=lambda n: (entry["confirmed_ms"][n], n))
+    assert entry["threads"] == best == rt._exec.threads
+    assert rt._exec.session.get_session_options().intra_op_num_threads == best
+    assert entry["reason"].startswith(first["reason"] + "; ")
+    assert "on the next calls (1 thread " in entry["reason"]
+    assert f"sim threads: graph {reps[0].graph_id} part 0: {best} (" in report.Report(reps).table()
+    assert rt.builds == 1
+
+
+@pytest.mark.skipif(sim_threads.usable_cpus() < 2, reason="needs two CPUs for two counts")
+def test_a_confirmation_that_finds_the_other_count_faster_switches_to_it(monkeypatch):
+    reps, out, compiled, x = _first_call(sim_threads=2)
+    rt = runtimes(reps)[0]
+    first = rt.entry.sim_threads["threads"]
+    other = 3 - first
+    monkeypatch.setattr(sim_threads.Confirmation, "best", lambda self: other)
+    _confirmed(compiled, x, out)
+    assert rt._exec.threads == other == rt.entry.sim_threads["threads"]
+    assert rt._exec.session.get_session_options().intra_op_num_threads == other
+    assert f"; changed to {other} on the next calls" in rt.entry.sim_threads["reason"]
+    # the weight check follows the count: beside the call only where a CPU is left for it
+    assert rt._frozen is None or rt._frozen.overlap == rt._frozen.can_overlap(other)
+
+
+@pytest.mark.skipif(sim_threads.usable_cpus() < 2, reason="needs two CPUs for two counts")
+def test_weights_changed_during_the_confirmation_rebuild_with_a_choice_of_their_own():
+    reps, out, compiled, x = _first_call(sim_threads=2)
+    rt = runtimes(reps)[0]
+    model = compiled._orig_mod
+    with torch.no_grad():
+        compiled(x)  # one call of the confirmation
+        model.conv.weight.mul_(-1.0)
+        changed = compiled(x)
+        want = model(x)
+    assert rt.builds == 2 and not torch.equal(changed, out)
+    assert torch.allclose(changed, want, atol=0.1 * want.abs().max().item())
+    assert rt._confirm is not None and rt._confirm.next_count() is not None
+    _confirmed(compiled, x, changed)
+    assert rt._confirm is None and rt._exec._trial == {}
+
+
+FORKED_DURING_CONFIRMATION = """
+import os, torch
+from tests.compile.test_sim_threads import _first_call
+reps, out, compiled, x = _first_call(sim_threads=2)
+rt = [r for g in reps for r in g.runtimes][0]
+assert rt._confirm is not None
+pid = os.fork()
+if pid == 0:  # the parent's trial sessions are not usable here: the child drops the check
+    code = 1
+    try:
+        with torch.no_grad():
+            same = all(torch.equal(compiled(x), out) for _ in range(30))
+        code = 0 if same and rt._confirm is None and rt._exec._trial == {} else 2
+    finally:
+        os._exit(code)
+_, status = os.waitpid(pid, 0)
+with torch.no_grad():
+    for _ in range(30):
+        assert torch.equal(compiled(x), out)  # the parent's confirmation goes on and ends
+assert rt._confirm is None and "confirmed_ms" in rt.entry.sim_threads
+raise SystemExit(os.waitstatus_to_exitcode(status))
+"""
+
+
+@pytest.mark.skipif(sim_threads.usable_cpus() < 2, reason="needs two CPUs for two counts")
+def test_a_child_forked_during_the_confirmation_drops_it_and_runs_on():
+    """ORT sessions do not survive fork (executors._reopen_after_fork): a child forked while the
+    two counts' sessions are open runs on a session of its own and confirms nothing, exits
+    cleanly; the parent's confirmation completes. (One OpenMP thread: torch's own pool hangs a
+    forked child.)"""
+    if not hasattr(os, "fork"):
+        pytest.skip("needs fork")
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    done = subprocess.run([sys.executable, "-c", FORKED_DURING_CONFIRMATION], env=env,
+                          timeout=180, capture_output=True, text=True)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]

@@ -356,7 +356,9 @@ class BpuSettings:
         "|".join(SIM_THREAD_CHOICE),
         "`measured`: on its first call each sim partition times its session at 1, half and all "
         "of sim_threads threads, adds the weight check where a count leaves no CPU free for it, "
-        "and keeps the fastest (explain() shows the times). `fixed`: exactly sim_threads.",
+        "and runs the fastest; its next 24 calls run the two fastest in blocks in turn, timed "
+        "whole, and the faster of those is kept (explain() shows both timings). `fixed`: "
+        "exactly sim_threads.",
         "FLAGOS_BPU_SIM_THREAD_CHOICE",
     )
     sim_weights: str = _option(

@@ -224,11 +224,22 @@ class SimExecutor:
             {n: (lambda s=s: s.run(names, feed)) for n, s in self._trial.items()}
         )
 
-    def use_threads(self, threads: int) -> None:
-        """Run on `threads` ORT threads from now on (the other trial sessions are dropped)."""
-        session = self._trial.get(threads)
-        self._trial = {}
+    def use_threads(self, threads: int, keep: Sequence[int] = ()) -> None:
+        """Run on `threads` ORT threads from now on. The trial sessions of the counts in `keep`
+        stay open for `switch_threads` (the choice confirmed on later calls,
+        sim_threads.Confirmation); the others are dropped."""
+        trial = self._trial
+        session = trial.get(threads)
         self.session = session if session is not None else self._new_session(threads)
+        self._trial = {n: s for n, s in trial.items() if n in keep}
+        if self._trial:
+            self._trial[threads] = self.session
+        self.threads = threads
+        self._run = self.session.run
+
+    def switch_threads(self, threads: int) -> None:
+        """Run on the kept trial session of `threads` (see `use_threads`)."""
+        self.session = self._trial[threads]
         self.threads = threads
         self._run = self.session.run
 
@@ -237,6 +248,9 @@ class SimExecutor:
         destroying one in the child joins threads that are not there (a deadlock). The child
         keeps the parent's session object forever and opens its own."""
         _keep_forever(self.session)
+        for session in self._trial.values():
+            _keep_forever(session)
+        self._trial = {}
         self.session = self._new_session(self.threads)
         self._run = self.session.run
         self._pid = os.getpid()
@@ -245,6 +259,8 @@ class SimExecutor:
         try:
             if self._pid != os.getpid():
                 _keep_forever(self.session)
+                for session in self._trial.values():
+                    _keep_forever(session)
         except (AttributeError, TypeError):
             pass  # a half-built executor, or interpreter shutdown (modules already cleared)
 

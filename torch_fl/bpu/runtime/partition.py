@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import contextvars
 import logging
+import os
+import time
 import warnings
 from collections.abc import Sequence
 from typing import Any
@@ -67,12 +69,14 @@ class PartitionRuntime(torch.nn.Module):
         self.builds = 0
         self._exec: Executor | None = None
         self._frozen: FrozenWeights | None = None
+        self._confirm: sim_threads.Confirmation | None = None
+        """The first call's thread choice, being checked on the calls that follow."""
         self._set_kind(executor, reason)
 
     # -- hot path -----------------------------------------------------------------------------
     def forward(self, *args: torch.Tensor):
         run = self._exec
-        if run is None or CALIBRATION.get() is not None:
+        if run is None or CALIBRATION.get() is not None or self._confirm is not None:
             return self._slow(args)
         frozen = self._frozen
         if frozen is None:
@@ -111,6 +115,8 @@ class PartitionRuntime(torch.nn.Module):
             # the observer's float run computed the outputs too: one run per sample, not two
             outs = session.observe(self, args)
             return outs if outs is not None else self.eager(*args)
+        if self._confirm is not None and self._exec is not None:
+            return self._confirming(args)
         if self._frozen is not None and self._exec is not None:
             # The weights this artifact baked in changed (load_state_dict, optimizer step...).
             if self.settings.on_stale == "eager":
@@ -129,7 +135,56 @@ class PartitionRuntime(torch.nn.Module):
         self._prepare(args)
         return self.forward(*args)
 
+    def _confirming(self, args: Sequence[torch.Tensor]):
+        """One call of the thread choice's confirmation (sim_threads.Confirmation): run it on
+        the count the plan names, timed whole; once the plan is done, keep the faster count."""
+        confirm, run = self._confirm, self._exec
+        inner = getattr(run, "inner", run)
+        count = confirm.next_count()
+        if count is None or confirm.pid != os.getpid():
+            self._confirm = None
+            if confirm.pid == os.getpid():  # a forked child has none of the trial sessions
+                self._keep_threads(inner, confirm)
+            return self.forward(*args)
+        self._run_on(inner, count, switch=True)
+        self._confirm = None  # the call below takes the hot path
+        start = time.perf_counter()
+        try:
+            out = self.forward(*args)
+        finally:
+            # a call that rebuilt the partition (its weights changed) set up its own choice
+            if self._confirm is None and self._exec is run:
+                self._confirm = confirm
+        if self._confirm is confirm:
+            confirm.record(time.perf_counter() - start)
+        return out
+
+    def _run_on(self, inner: Executor, threads: int, switch: bool = False) -> None:
+        if switch:
+            inner.switch_threads(threads)
+        else:
+            inner.use_threads(threads)
+        if self._frozen is not None:
+            self._frozen.occupy(threads)
+
+    def _keep_threads(self, inner: Executor, confirm: sim_threads.Confirmation) -> None:
+        """The confirmation is done: keep its faster count, and say so in explain()."""
+        best = confirm.best()
+        first = self.entry.sim_threads or {}
+        self._run_on(inner, best)
+        medians = confirm.medians_ms()
+        shown = ", ".join(f"{n} thread{'s' * (n > 1)} {t:g} ms" for n, t in sorted(medians.items()))
+        kept = "kept" if best == first.get("threads") else f"changed to {best}"
+        self.entry.sim_threads = {
+            **first,
+            "threads": best,
+            "reason": f"{first.get('reason', '')}; {kept} on the next calls ({shown}: medians "
+            f"of whole calls)",
+            "confirmed_ms": medians,
+        }
+
     def _use_eager(self, reason: str) -> None:
+        self._confirm = None
         self._exec = EagerExecutor(self.eager)
         self._frozen = None
         self.entry.sim_kernels = None
@@ -141,6 +196,7 @@ class PartitionRuntime(torch.nn.Module):
         """Forget the artifact: the next call rebuilds (used after calibration)."""
         self._exec = None
         self._frozen = None
+        self._confirm = None
 
     def set_scales(
         self,
@@ -434,7 +490,11 @@ class PartitionRuntime(torch.nn.Module):
         self._frozen = (
             FrozenWeights(self.spec.frozen_positions, args, _busy_cpus(inner)) if baked else None
         )
+        self._confirm = None
         self.entry.sim_threads = _thread_choice(inner, host, args, self._frozen, settings)
+        leading = (self.entry.sim_threads or {}).get("confirm", ())
+        if len(leading) > 1:
+            self._confirm = sim_threads.Confirmation(leading, os.getpid())
         self.entry.weight_check = self._frozen.describe() if self._frozen is not None else None
         self._set_kind(kind)
 
@@ -481,10 +541,17 @@ def _thread_choice(
     choice = sim_threads.choose(
         session_s, check_s, frozen.can_overlap if frozen is not None else (lambda n: True)
     )
-    executor.use_threads(choice.threads)
+    # the two fastest stay open: the next calls confirm the choice (sim_threads.Confirmation)
+    leading = tuple(sorted(choice.times_ms, key=lambda n: (choice.times_ms[n], n))[:2])
+    executor.use_threads(choice.threads, keep=leading)
     if frozen is not None:
         frozen.occupy(choice.threads)
-    return {"threads": choice.threads, "reason": choice.reason, "times_ms": choice.times_ms}
+    return {
+        "threads": choice.threads,
+        "reason": choice.reason,
+        "times_ms": choice.times_ms,
+        "confirm": leading,
+    }
 
 
 def _has_zero_size(args: Sequence[torch.Tensor], output_shapes: Sequence) -> bool:

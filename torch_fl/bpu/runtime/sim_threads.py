@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from torch_fl.bpu.settings import usable_cpus
 
-__all__ = ["ThreadChoice", "candidates", "choose", "measure", "usable_cpus"]
+__all__ = ["Confirmation", "ThreadChoice", "candidates", "choose", "measure", "usable_cpus"]
 
 ROUNDS = 7
 """Timed runs per candidate (after one untimed warm-up each), fewer where `BUDGET_S` runs out.
@@ -112,3 +112,60 @@ def choose(
     shown = ", ".join(f"{n} thread{'s' * (n > 1)} {t:g} ms" for n, t in times.items())
     checked = f"; the weight check included at {sorted(inside)}" if inside else ""
     return ThreadChoice(best, f"measured on the first call: {shown}{checked}", times)
+
+
+CONFIRM_ROUNDS = 3
+"""Rounds of the confirmation on later calls: each round a block of calls at each count."""
+CONFIRM_BLOCK = 4
+"""Calls per block of the confirmation, the first one untimed (it follows the other count's
+session: see `TURN_WARMUPS`)."""
+
+
+class Confirmation:
+    """The first call's choice checked on the partition's next real calls.
+
+    The first call measures the sessions alone, in whatever state the process is in right
+    after a compile; on a busy host that can pick the wrong count: ViT-S/16 at batch 1 on a
+    2-vCPU EPYC, in a benchmark process that had run other models, timed 1 thread 29.2 ms and 2
+    threads 32.7 ms and kept 1; alone, the same first call timed 19.4 and 15.0 ms, and 2
+    threads ran 15.3 ms a call against 20.3 for 1 (scripts/bench_sim.py, by hand). So the two
+    fastest counts stay open, and the next `CONFIRM_ROUNDS` x 2 x `CONFIRM_BLOCK` calls run in
+    blocks at each in turn, timed whole (the weight check in or beside them, as each count
+    runs it); the count with the lower median is kept. The integer kernels and the lookups give
+    the same results at every count, so which one ran a call never shows in its outputs."""
+
+    def __init__(
+        self, counts: tuple[int, ...], pid: int, rounds: int = CONFIRM_ROUNDS,
+        block: int = CONFIRM_BLOCK,
+    ) -> None:  # fmt: skip
+        self.counts = counts
+        self.pid = pid
+        """The process it was set up in: a forked child has none of the open trial sessions."""
+        self._plan = [
+            (n, i > 0)  # (count, timed)
+            for r in range(rounds)
+            for n in (counts if r % 2 == 0 else counts[::-1])
+            for i in range(block)
+        ]
+        self._next = 0
+        self.samples: dict[int, list[float]] = {n: [] for n in counts}
+
+    def next_count(self) -> int | None:
+        """The count the next call runs on, or None once every block has run."""
+        return self._plan[self._next][0] if self._next < len(self._plan) else None
+
+    def record(self, seconds: float) -> None:
+        """The call that `next_count` planned took `seconds`."""
+        count, timed = self._plan[self._next]
+        if timed:
+            self.samples[count].append(seconds)
+        self._next += 1
+
+    def medians_ms(self) -> dict[int, float]:
+        """Median ms of the timed calls at each count."""
+        return {n: round(statistics.median(v) * 1e3, 3) for n, v in self.samples.items() if v}
+
+    def best(self) -> int:
+        """The count with the lowest median (the fewer threads on a tie)."""
+        medians = self.medians_ms()
+        return min(medians, key=lambda n: (medians[n], n))
