@@ -84,6 +84,24 @@ def attribute(node: onnx.NodeProto, name: str, default=None):
     return default
 
 
+def splice(
+    model: onnx.ModelProto,
+    replaced: dict[int, list[onnx.NodeProto]],
+    dropped: set[int] | frozenset[int] = frozenset(),
+) -> None:
+    """Rewrite `model`'s node list in place: each node whose `id()` is a key of `replaced`
+    becomes that list of nodes, at its position; each in `dropped` goes; the rest stay in
+    order. (The ids are those of `model.graph.node`'s own messages, taken before the call.)"""
+    nodes = [
+        new
+        for node in model.graph.node
+        if id(node) not in dropped
+        for new in replaced.get(id(node), [node])
+    ]
+    del model.graph.node[:]
+    model.graph.node.extend(nodes)
+
+
 def constant_names(model: onnx.ModelProto) -> set[str]:
     """Tensors whose value is fixed in the graph: initializers and Constant node outputs (the
     exporter writes literals such as ReLU6's 0 and 6 as Constant nodes)."""

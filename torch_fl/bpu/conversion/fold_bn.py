@@ -20,7 +20,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from torch_fl.bpu.conversion.export import attribute
+from torch_fl.bpu.conversion.export import attribute, splice
 
 
 class _Folder:
@@ -112,13 +112,7 @@ def fold_batchnorm(model: onnx.ModelProto, weights: Sequence[str]) -> tuple[onnx
             dropped.add(id(conv))
     if not replaced:
         return out, 0
-    nodes: list[onnx.NodeProto] = []
-    for node in out.graph.node:
-        if id(node) in dropped:
-            continue
-        nodes.extend(replaced.get(id(node), [node]))
-    del out.graph.node[:]
-    out.graph.node.extend(nodes)
+    splice(out, replaced, dropped)
     out.graph.initializer.extend(folder.inits)
     out.graph.value_info.extend(folder.infos)
     return out, len(replaced)

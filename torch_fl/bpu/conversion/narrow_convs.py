@@ -28,6 +28,8 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from torch_fl.bpu.conversion.export import attribute, splice
+
 __all__ = ["MAX_K", "MAX_OUT", "rewrite_narrow_convs"]
 
 MAX_K = 32
@@ -92,8 +94,7 @@ def _plan(graph: _Graph, conv: onnx.NodeProto) -> dict | None:
         return None
     if bias.dtype != np.int32 or np.any(b_zero != 0) or y_scale.size != 1:
         return None
-    w_axis = next((helper.get_attribute_value(a) for a in dqs[1].attribute if a.name == "axis"), 1)
-    if w_scale.size > 1 and w_axis not in (0, -4):
+    if w_scale.size > 1 and attribute(dqs[1], "axis", 1) not in (0, -4):
         return None  # per-channel along another axis: not a layout ORT fuses into QLinearConv
     out_channels, k = weight.shape[0], int(np.prod(weight.shape[1:]))
     if weight.shape[2] * weight.shape[3] == 1 or k > MAX_K or out_channels > MAX_OUT:
@@ -154,13 +155,7 @@ def rewrite_narrow_convs(model: onnx.ModelProto) -> int:
         ]
         dropped.add(id(quant))
     old_dqs = {d.output[0] for _, plan in plans for d in plan["dqs"]}
-    nodes = []
-    for node in model.graph.node:
-        if id(node) in dropped:
-            continue
-        nodes.extend(replaced.get(id(node), [node]))
-    del model.graph.node[:]
-    model.graph.node.extend(nodes)
+    splice(model, replaced, dropped)
     _drop_unread(model, old_dqs)
     return len(plans)
 
