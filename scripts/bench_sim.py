@@ -118,8 +118,8 @@ BLOCK_BUDGET_S = 0.15
 def _steady(fns: dict[str, Callable], rounds: int, settle: float = 0.0) -> dict[str, float]:
     """Median ms of each variant called back to back ("steady", as an inference loop calls it):
     per round, each variant in turn gets a block: at least `settle` seconds idle, until the
-    previous variant's spinning threads sleep (`_idle`), then up to `WARM_CALLS` untimed calls, then up to `BLOCK_CALLS`
-    timed ones. The rounds still interleave the variants, so drift of the machine hits each
+    previous variant's spinning threads sleep (`_idle`), then up to `WARM_CALLS` untimed calls,
+    then up to `BLOCK_CALLS` timed ones. The rounds still interleave the variants, so drift of the machine hits each
     alike; within a block a variant's thread pool and caches are its own, which the gapped
     timing never gives a multi-threaded variant on a 2-CPU host (docs/compile-models.md)."""
     samples: dict[str, list[float]] = {k: [] for k in fns}
@@ -189,7 +189,7 @@ def _sim(model, x, calib, threads: int):
             compiled(x)
             # the thread choice is confirmed on the calls after the first one (both counts run,
             # runtime/sim_threads.Confirmation): the timing starts once it has settled
-            for _ in range(sim_threads.CONFIRM_ROUNDS * 2 * sim_threads.CONFIRM_BLOCK + 1):
+            for _ in range(sim_threads.CONFIRM_CALLS + 1):
                 compiled(x)
     runtimes = [r for g in reps for r in g.runtimes if r.kind == "sim"]
     return compiled, runtimes

@@ -266,3 +266,19 @@ def test_the_requantization_scale_is_formed_as_onnx_runtime_forms_it(
     floated = _session(rewritten).run(None, {"x": x})[1]
     np.testing.assert_array_equal(floated, fused)
     assert set(np.unique(fused)) <= {one_order + 128, other + 128}
+
+
+def test_scales_and_zero_points_of_other_sizes_leave_the_conv_alone() -> None:
+    """Quantization parameters that match no per-tensor or per-output-channel layout (a graph
+    the integer form never writes) are skipped, not an exception in the sim's build."""
+    for name, value in [
+        ("w_scale", np.full(5, 0.01, np.float32)),
+        ("w_zero", np.zeros(5, np.int8)),
+        ("x_zero", np.full(2, 128, np.uint8)),
+        ("y_zero", np.full(2, 128, np.uint8)),
+    ]:
+        model = _conv_graph()
+        _set(model, name, value)
+        rewritten, count = _rewritten(model)
+        assert count == 0, name
+        assert rewritten == model

@@ -94,15 +94,18 @@ def _plan(graph: _Graph, conv: onnx.NodeProto) -> dict | None:
         return None
     if bias.dtype != np.int32 or np.any(b_zero != 0) or y_scale.size != 1:
         return None
+    if x_zero.size != 1 or y_zero.size != 1 or w_scale.size not in (1, weight.shape[0]):
+        return None  # per-tensor activations, weights per tensor or per output channel
+    if w_zero.size not in (1, weight.shape[0]) or bias.shape != (weight.shape[0],):
+        return None
     if w_scale.size > 1 and attribute(dqs[1], "axis", 1) not in (0, -4):
         return None  # per-channel along another axis: not a layout ORT fuses into QLinearConv
     out_channels, k = weight.shape[0], int(np.prod(weight.shape[1:]))
     if weight.shape[2] * weight.shape[3] == 1 or k > MAX_K or out_channels > MAX_OUT:
         return None  # a 1x1 conv is a plain GEMM, which the int8 kernels run well
-    w_zero = w_zero.astype(np.int64).reshape(-1, *([1] * 3)) if w_zero.ndim else w_zero
-    w_int = weight.astype(np.int64) - w_zero
-    info = np.iinfo(x_zero.dtype)
-    x_reach = max(int(x_zero) - info.min, info.max - int(x_zero))  # largest |q_x - zp_x|
+    w_int = weight.astype(np.int64) - w_zero.astype(np.int64).reshape(-1, 1, 1, 1)
+    info, zero = np.iinfo(x_zero.dtype), int(x_zero.reshape(-1)[0])
+    x_reach = max(zero - info.min, info.max - zero)  # largest |q_x - zp_x|
     bound = np.abs(w_int).reshape(out_channels, -1).sum(1) * x_reach + np.abs(bias.astype(np.int64))
     if bound.max() >= EXACT_BELOW:
         return None

@@ -175,11 +175,11 @@ class PartitionRuntime(torch.nn.Module):
         medians = confirm.medians_ms()
         shown = ", ".join(f"{n} thread{'s' * (n > 1)} {t:g} ms" for n, t in sorted(medians.items()))
         kept = "kept" if best == first.get("threads") else f"changed to {best}"
+        measured = first.get("reason", "").removesuffix(sim_threads.PENDING)
         self.entry.sim_threads = {
             **first,
             "threads": best,
-            "reason": f"{first.get('reason', '')}; {kept} on the next calls ({shown}: medians "
-            f"of whole calls)",
+            "reason": f"{measured}; {kept} on the next calls ({shown}: medians of whole calls)",
             "confirmed_ms": medians,
         }
 
@@ -548,7 +548,7 @@ def _thread_choice(
         frozen.occupy(choice.threads)
     return {
         "threads": choice.threads,
-        "reason": choice.reason,
+        "reason": choice.reason + (sim_threads.PENDING if len(leading) > 1 else ""),
         "times_ms": choice.times_ms,
         "confirm": leading,
     }

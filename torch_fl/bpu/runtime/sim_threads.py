@@ -21,7 +21,15 @@ from dataclasses import dataclass
 
 from torch_fl.bpu.settings import usable_cpus
 
-__all__ = ["Confirmation", "ThreadChoice", "candidates", "choose", "measure", "usable_cpus"]
+__all__ = [
+    "CONFIRM_CALLS",
+    "Confirmation",
+    "ThreadChoice",
+    "candidates",
+    "choose",
+    "measure",
+    "usable_cpus",
+]
 
 ROUNDS = 7
 """Timed runs per candidate (after one untimed warm-up each), fewer where `BUDGET_S` runs out.
@@ -119,6 +127,10 @@ CONFIRM_ROUNDS = 3
 CONFIRM_BLOCK = 4
 """Calls per block of the confirmation, the first one untimed (it follows the other count's
 session: see `TURN_WARMUPS`)."""
+CONFIRM_CALLS = CONFIRM_ROUNDS * 2 * CONFIRM_BLOCK
+"""Calls a confirmation of two counts takes (the calls after a partition's first one)."""
+PENDING = "; being confirmed on the next calls"
+"""What explain() adds to a first call's choice while the confirmation runs."""
 
 
 class Confirmation:
@@ -129,7 +141,7 @@ class Confirmation:
     2-vCPU EPYC, in a benchmark process that had run other models, timed 1 thread 29.2 ms and 2
     threads 32.7 ms and kept 1; alone, the same first call timed 19.4 and 15.0 ms, and 2
     threads ran 15.3 ms a call against 20.3 for 1 (scripts/bench_sim.py, by hand). So the two
-    fastest counts stay open, and the next `CONFIRM_ROUNDS` x 2 x `CONFIRM_BLOCK` calls run in
+    fastest counts stay open, and the next `CONFIRM_CALLS` calls run in
     blocks at each in turn, timed whole (the weight check in or beside them, as each count
     runs it); the count with the lower median is kept. The integer kernels and the lookups give
     the same results at every count, so which one ran a call never shows in its outputs."""
