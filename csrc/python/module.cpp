@@ -13,6 +13,7 @@
 #include "runtime/caching_allocator.h"
 #include "runtime/device_guard.h"
 #include "runtime/fingerprint.h"
+#include "runtime/ort_depthwise.h"
 #include "runtime/ort_lookup.h"
 #include "runtime/hooks.h"
 #include "runtime/ucp_runtime.h"
@@ -145,6 +146,8 @@ PYBIND11_MODULE(_C, m) {
       },
       py::arg("table"), py::arg("x"), py::arg("portable") = false);
   m.def("_lookup_kernel", [] { return std::string(torch_fl::lookup_kernel()); });
+  // which form the sim's depthwise conv op (csrc/runtime/ort_depthwise.cpp) uses here
+  m.def("_depthwise_kernel", [] { return std::string(torch_fl::depthwise_kernel()); });
 
   m.def("_device_count", [] { return static_cast<int>(torch_fl::kDeviceCount); });
   m.def("_current_device", [] { return static_cast<int>(torch_fl::current_device()); });

@@ -29,6 +29,7 @@ enum ElementType : int {
   kFloat = 1,
   kUint8 = 2,
   kInt8 = 3,
+  kInt64 = 7,
 };
 
 // OrtErrorCode values

@@ -9,11 +9,11 @@
 //   Lookup<T>(table[256] of T, x)         y[i] = table[byte(x[i])]               (y shaped as x)
 //   Lookup2<T>(table[65536] of T, a, b)   y[i] = table[byte(a[i]) * 256 + byte(b[i])]  (u8, i8)
 // where x, a, b are uint8 or int8 (byte(): the raw byte) and a, b broadcast as in ONNX.
-// ONNX Runtime finds them through RegisterCustomOps (this extension's shared library is the
-// custom-op library: SessionOptions.register_custom_ops_library(torch_fl._C.__file__)).
+// ONNX Runtime finds them through RegisterCustomOps (ort_ops.cpp: this extension's shared library
+// is the custom-op library: SessionOptions.register_custom_ops_library(torch_fl._C.__file__)).
 #include "runtime/ort_lookup.h"
 
-#include "runtime/ort_abi.h"
+#include "runtime/ort_kernel.h"
 
 #include <algorithm>
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
@@ -211,85 +211,13 @@ namespace {
 
 using namespace torch_fl::ort;
 
-const void* const* g_api = nullptr;  // set once by RegisterCustomOps, before any session runs
-
-template <class Fn>
-Fn api_fn(int index) {
-  return reinterpret_cast<Fn>(g_api[index]);
-}
-
-Status* error(const std::string& message) {
-  using Create = Status* (*)(int, const char*);
-  return api_fn<Create>(slot::kCreateStatus)(kInvalidArgument, message.c_str());
-}
-
-// Calls an API function that returns a status, and returns from the caller with it on failure.
-#define TFL_ORT_TRY(expr)          \
-  do {                             \
-    if (Status* status_ = (expr)) {  \
-      return status_;              \
-    }                              \
-  } while (0)
-
-struct TensorView {
-  int type = kUndefined;
-  std::vector<int64_t> dims;
-  size_t count = 0;
-  void* data = nullptr;
-};
-
-Status* read_input(KernelContext* context, size_t index, TensorView* out) {
-  using GetInput = Status* (*)(const KernelContext*, size_t, const Value**);
-  using TypeShape = Status* (*)(const Value*, TypeShapeInfo**);
-  using ElemType = Status* (*)(const TypeShapeInfo*, int*);
-  using DimCount = Status* (*)(const TypeShapeInfo*, size_t*);
-  using Dims = Status* (*)(const TypeShapeInfo*, int64_t*, size_t);
-  using Release = void (*)(TypeShapeInfo*);
-  using Data = Status* (*)(Value*, void**);
-  const Value* value = nullptr;
-  TFL_ORT_TRY(api_fn<GetInput>(slot::kKernelContextGetInput)(context, index, &value));
-  if (value == nullptr) {
-    return error("torch_fl.bpu Lookup: input " + std::to_string(index) + " is missing");
-  }
-  TypeShapeInfo* info = nullptr;
-  TFL_ORT_TRY(api_fn<TypeShape>(slot::kGetTensorTypeAndShape)(value, &info));
-  size_t rank = 0;
-  Status* status = api_fn<ElemType>(slot::kGetTensorElementType)(info, &out->type);
-  if (status == nullptr) {
-    status = api_fn<DimCount>(slot::kGetDimensionsCount)(info, &rank);
-  }
-  if (status == nullptr) {
-    out->dims.assign(rank, 0);
-    status = api_fn<Dims>(slot::kGetDimensions)(info, out->dims.data(), rank);
-  }
-  if (status == nullptr) {
-    status = api_fn<DimCount>(slot::kGetTensorShapeElementCount)(info, &out->count);
-  }
-  api_fn<Release>(slot::kReleaseTensorTypeAndShapeInfo)(info);
-  TFL_ORT_TRY(status);
-  // the API's accessor is declared for mutable values; inputs are only read here
-  return api_fn<Data>(slot::kGetTensorMutableData)(const_cast<Value*>(value), &out->data);
-}
-
-Status* make_output(KernelContext* context, const std::vector<int64_t>& dims, void** data) {
-  using GetOutput = Status* (*)(KernelContext*, size_t, const int64_t*, size_t, Value**);
-  using Data = Status* (*)(Value*, void**);
-  Value* value = nullptr;
-  TFL_ORT_TRY(
-      api_fn<GetOutput>(slot::kKernelContextGetOutput)(context, 0, dims.data(), dims.size(), &value));
-  return api_fn<Data>(slot::kGetTensorMutableData)(value, data);
-}
+// The least outputs of a piece (ort_kernel.h, Pieces): handing one to another thread costs about
+// 2 us here.
+constexpr int64_t kMinBytePiece = 131072;  // byte lookups: ~45 GB/s, 128 KB is ~3 us
+constexpr int64_t kMinPiece = 16384;       // float results and pairs: 5-10x slower per output
 
 bool is_byte_type(int type) {
   return type == kUint8 || type == kInt8;
-}
-
-std::string shape_text(const std::vector<int64_t>& dims) {
-  std::string s = "[";
-  for (size_t i = 0; i < dims.size(); ++i) {
-    s += (i ? ", " : "") + std::to_string(dims[i]);
-  }
-  return s + "]";
 }
 
 // The ONNX (numpy) broadcast of a and b, coalesced: adjacent dims merge while each operand
@@ -395,56 +323,6 @@ void lookup_pairs(const uint8_t* table, const uint8_t* a, const uint8_t* b, uint
   }
 }
 
-// Splitting one op's work over the session's intra-op threads (ORT's KernelContext_ParallelFor:
-// a custom op otherwise runs on one thread while the pool waits; MobileNetV3 at batch 8 on 2
-// threads spent 1.5 of 4.9 ms in lookups, at the speed of 1 thread). A piece is at least
-// `min_piece` outputs, so a small tensor stays one call (handing a piece to another thread
-// cost about 2 us here: a byte lookup of 50 000 outputs took 4.6 us whole and 6.6 us in
-// pieces on 2 threads), and at most kMaxPieces of them keep the handing-out cheap while
-// leaving a 16-thread pool balanced.
-constexpr int64_t kMinBytePiece = 131072;  // byte lookups: ~45 GB/s, 128 KB is ~3 us
-constexpr int64_t kMinPiece = 16384;       // float results and pairs: 5-10x slower per output
-constexpr int64_t kMaxPieces = 32;
-
-// `count` outputs as pieces of whole rows of `inner` (or slices of one row, where a row alone
-// is larger than a piece): piece i is rows [r0, r1), columns [j0, j1).
-struct Pieces {
-  int64_t rows, inner, rows_per, slices, cols_per, count;
-  Pieces(int64_t total, int64_t inner_, int64_t min_piece)
-      : rows(total / inner_), inner(inner_) {
-    const int64_t want = std::max<int64_t>(1, std::min(kMaxPieces, total / min_piece));
-    const int64_t size = (total + want - 1) / want;
-    if (size >= inner) {  // whole rows per piece
-      rows_per = std::max<int64_t>(1, size / inner), slices = 1, cols_per = inner;
-      count = (rows + rows_per - 1) / rows_per;
-    } else {  // slices of each row, 64-byte aligned
-      cols_per = std::max<int64_t>(64, (size + 63) / 64 * 64), rows_per = 1;
-      slices = (inner + cols_per - 1) / cols_per;
-      count = rows * slices;
-    }
-  }
-  void at(int64_t i, int64_t* r0, int64_t* r1, int64_t* j0, int64_t* j1) const {
-    *r0 = (i / slices) * rows_per, *r1 = std::min(rows, *r0 + rows_per);
-    *j0 = (i % slices) * cols_per, *j1 = std::min(inner, *j0 + cols_per);
-  }
-};
-
-// Runs body(piece) for every piece, on the session's threads where there is more than one piece.
-template <class Body>
-Status* run_pieces(KernelContext* context, const Pieces& pieces, const Body& body) {
-  if (pieces.count <= 1) {
-    body(0);
-    return nullptr;
-  }
-  using Fn = void (*)(void*, size_t);
-  using ParallelFor = Status* (*)(const KernelContext*, Fn, size_t, size_t, void*);
-  const Fn trampoline = [](void* user, size_t i) {
-    (*static_cast<const Body*>(user))(static_cast<int64_t>(i));
-  };
-  return api_fn<ParallelFor>(slot::kKernelContextParallelFor)(
-      context, trampoline, static_cast<size_t>(pieces.count), 0,
-      const_cast<void*>(static_cast<const void*>(&body)));
-}
 
 struct OpSpec {
   CustomOp op;  // first: ONNX Runtime passes back &op, which is also &spec
@@ -456,8 +334,8 @@ struct OpSpec {
 Status* compute(void* kernel, KernelContext* context) {
   const OpSpec& spec = *static_cast<const OpSpec*>(kernel);
   TensorView table, x, z;
-  TFL_ORT_TRY(read_input(context, 0, &table));
-  TFL_ORT_TRY(read_input(context, 1, &x));
+  TFL_ORT_TRY(read_input(context, 0, &table, spec.name));
+  TFL_ORT_TRY(read_input(context, 1, &x, spec.name));
   const size_t entries = spec.arity == 1 ? 256 : 65536;
   if (table.count != entries) {
     return error(std::string("torch_fl.bpu ") + spec.name + ": the table has " +
@@ -496,7 +374,7 @@ Status* compute(void* kernel, KernelContext* context) {
       lookup_bytes(tab, in + j0, y + j0, static_cast<size_t>(j1 - j0));
     });
   }
-  TFL_ORT_TRY(read_input(context, 2, &z));
+  TFL_ORT_TRY(read_input(context, 2, &z, spec.name));
   if (!is_byte_type(z.type)) {
     return error(std::string("torch_fl.bpu ") + spec.name +
                  ": the second looked-up input must be uint8 or int8 (ONNX element type " +
@@ -565,23 +443,12 @@ OpSpec g_ops[] = {
 
 }  // namespace
 
-Status* register_ops(SessionOptions* options, const ApiBase* base) {
-  const void* api = base->get_api(kApiVersion);
-  if (api == nullptr) {
-    return nullptr;  // an ONNX Runtime older than 1.17: the session fails on the unknown ops
+std::vector<const CustomOp*> ops() {
+  std::vector<const CustomOp*> out;
+  for (const OpSpec& spec : g_ops) {
+    out.push_back(&spec.op);
   }
-  g_api = static_cast<const void* const*>(api);
-  using CreateDomain = Status* (*)(const char*, CustomOpDomain**);
-  using DomainAdd = Status* (*)(CustomOpDomain*, const CustomOp*);
-  using AddDomain = Status* (*)(SessionOptions*, CustomOpDomain*);
-  // One domain object per session options: ONNX Runtime keeps a pointer to it for the options'
-  // lifetime, and the handful of bytes each is not worth a lifetime scheme of our own.
-  CustomOpDomain* domain = nullptr;
-  TFL_ORT_TRY(api_fn<CreateDomain>(slot::kCreateCustomOpDomain)("torch_fl.bpu", &domain));
-  for (OpSpec& spec : g_ops) {
-    TFL_ORT_TRY(api_fn<DomainAdd>(slot::kCustomOpDomainAdd)(domain, &spec.op));
-  }
-  return api_fn<AddDomain>(slot::kAddCustomOpDomain)(options, domain);
+  return out;
 }
 
 }  // namespace ort_lookup
@@ -620,10 +487,8 @@ const char* lookup_kernel() {
   return "portable";
 }
 
-}  // namespace torch_fl
-
-// The entry point ONNX Runtime looks up in a custom-op library.
-extern "C" __attribute__((visibility("default"))) torch_fl::ort::Status* RegisterCustomOps(
-    torch_fl::ort::SessionOptions* options, const torch_fl::ort::ApiBase* base) {
-  return torch_fl::ort_lookup::register_ops(options, base);
+std::vector<const ort::CustomOp*> ort::lookup_ops() {
+  return ort_lookup::ops();
 }
+
+}  // namespace torch_fl

@@ -195,6 +195,16 @@ class Report:
             for n in [p.sim_kernels.get("narrow_convs", 0)]
             if n
         ]
+        lines += [
+            f"sim depthwise convs: graph {g.graph_id} part {p.id}: {n} depthwise int8 conv"
+            f"{'s' * (n != 1)} on the extension's AVX-512 kernel, bit-equal to ONNX Runtime's "
+            "(conversion/depthwise.py)"
+            for g in self.graphs
+            for p in g.partitions
+            if p.sim_kernels and p.executor == "sim"
+            for n in [p.sim_kernels.get("depthwise", 0)]
+            if n
+        ]
         return lines
 
     def _thread_lines(self) -> list[str]:

@@ -395,6 +395,17 @@ class BpuSettings:
         "Runtime's dequantize, float kernels and quantize.",
         "FLAGOS_BPU_SIM_LOOKUPS",
     )
+    sim_depthwise: bool = _option(
+        True,
+        _parse_bool,
+        "bool",
+        "In the sim's fused integer graph, run each depthwise int8 conv whose channel count ONNX "
+        "Runtime's AVX-512 kernel handles slowly (not a multiple of 16) on the extension's own "
+        "op: exact float multiply-adds over the integers, then ORT's requantization, so the "
+        "bytes are QLinearConv's (conversion/depthwise.py). Only where the CPU has AVX-512. "
+        "False: ONNX Runtime's QLinearConv runs them all.",
+        "FLAGOS_BPU_SIM_DEPTHWISE",
+    )
     # last: the field named `float` shadows the builtin in the rest of the class body
     int16: tuple = _option(
         (),

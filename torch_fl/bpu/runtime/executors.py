@@ -23,8 +23,8 @@ import onnx
 import torch
 
 from torch_fl.bpu.conversion.integer_form import to_integer_form
-from torch_fl.bpu.conversion.lookups import optimized_with_lookups
 from torch_fl.bpu.conversion.narrow_convs import rewrite_narrow_convs
+from torch_fl.bpu.conversion.session_graph import session_graph
 from torch_fl.bpu.errors import ArtifactError
 from torch_fl.bpu.runtime import sim_threads
 from torch_fl.bpu.runtime.sim_kernels import KernelChoice
@@ -57,6 +57,15 @@ def lookup_library() -> str | None:
 
     version = tuple(int(p) for p in ort.__version__.split(".")[:2] if p.isdigit())
     return _C.__file__ if version >= LOOKUP_MIN_ORT else None
+
+
+def depthwise_kernel() -> str:
+    """Which form the extension's DepthwiseConv op runs here: "avx512" or "portable"
+    (csrc/runtime/ort_depthwise.cpp). The sim uses the op only in its AVX-512 form: the plain
+    loop is exact but no faster than ORT's own kernel (conversion/depthwise.py)."""
+    from torch_fl import _C
+
+    return _C._depthwise_kernel()
 
 
 class Executor(Protocol):
@@ -103,12 +112,15 @@ class SimExecutor:
         kernels: KernelChoice | None = None,
         thread_candidates: Sequence[int] = (),
         lookups: bool = True,
+        depthwise: bool = True,
     ) -> None:
         """`kernels`: the path of runtime/sim_kernels.py (None: float Q/DQ). `threads`: the ORT
         intra-op threads the session opens with (0: ORT's default); `thread_candidates`: the
         counts `time_threads` measures (runtime/sim_threads.py; empty: `threads` is final).
         `lookups`: the fused graph's elementwise chains as table lookups (conversion/lookups.py)
-        where this ONNX Runtime can load the lookup ops."""
+        where this ONNX Runtime can load the lookup ops; `depthwise`: its depthwise int8 convs
+        as the extension's DepthwiseConv op (conversion/depthwise.py) where that op has its
+        AVX-512 form here."""
         self.kernels = kernels or KernelChoice("float", "float Q/DQ")
         self.threads = threads
         self.thread_candidates = tuple(thread_candidates)
@@ -117,17 +129,20 @@ class SimExecutor:
         """How many elementwise chains the session runs as table lookups."""
         self.narrow_convs = 0
         """How many narrow integer convs the session runs as exact float convs."""
+        self.depthwise = 0
+        """How many depthwise int8 convs the session runs on the extension's op."""
         if self.kernels.path != "float":
             try:
                 # the integer form ORT fuses into QLinearConv/QGemm/...; the path was probed
                 # exact on this CPU
                 model, self.narrow_convs = fused_graph(onnx_bytes, self.kernels.path)
-                if lookups and lookup_library() is not None:
-                    self._open_with_lookups(model)
-                if not self.lookups:
+                if lookup_library() is not None:
+                    fast_depthwise = depthwise and depthwise_kernel() == "avx512"
+                    self._open_rewritten(model, lookups, fast_depthwise)
+                if not (self.lookups or self.depthwise):
                     self._open_session(model.SerializeToString(), fused=True)
             except Exception as exc:  # noqa: BLE001  (any rejection: the float path is exact)
-                self.narrow_convs = 0
+                self.narrow_convs = self.lookups = self.depthwise = 0
                 why = str(exc).strip().splitlines()[0][:160] if str(exc).strip() else ""
                 self.kernels = KernelChoice(
                     "float", f"{self.kernels.path} form rejected ({type(exc).__name__}: {why})"
@@ -151,20 +166,22 @@ class SimExecutor:
         self._views: tuple[tuple[int, ...], dict] = ((), {})
         self._run = self.session.run
 
-    def _open_with_lookups(self, model: onnx.ModelProto) -> None:
-        """Open the session on ORT's optimized form of the fused graph `model` with its
-        elementwise chains as lookups; where it has none or that fails, `self.lookups` stays 0
-        and ORT's own ops run them (the same numbers)."""
+    def _open_rewritten(self, model: onnx.ModelProto, lookups: bool, depthwise: bool) -> None:
+        """Open the session on ORT's optimized form of the fused graph `model` with the
+        extension's ops in it (conversion/session_graph.py); where it has nothing to replace or
+        that fails, `self.lookups` and `self.depthwise` stay 0 and ORT's own ops run it all (the
+        same numbers)."""
         try:
-            optimized, self.lookups = optimized_with_lookups(model, UNFUSED)
-            if self.lookups:
-                self._open_session(optimized, fused=True)
-        except Exception as exc:  # noqa: BLE001  (any failure: the chains stay ORT's float ops)
-            self.lookups = 0
+            graph = session_graph(model, UNFUSED, lookups, depthwise)
+            if graph.data is not None:
+                self.lookups, self.depthwise = graph.lookups, graph.depthwise
+                self._open_session(graph.data, fused=True)
+        except Exception as exc:  # noqa: BLE001  (any failure: ORT's own ops run the graph)
+            self.lookups = self.depthwise = 0
             warnings.warn(
-                f"torch_fl.bpu: sim: table lookups could not run this partition "
-                f"({type(exc).__name__}: {str(exc).strip()[:160]}); ONNX Runtime's float ops run "
-                "its elementwise chains (the same numbers, slower)",
+                f"torch_fl.bpu: sim: the extension's lookup / depthwise ops could not run this "
+                f"partition ({type(exc).__name__}: {str(exc).strip()[:160]}); ONNX Runtime's "
+                "own ops run it (the same numbers, slower)",
                 stacklevel=3,
             )
 
@@ -198,9 +215,9 @@ class SimExecutor:
         if threads:
             options.intra_op_num_threads = threads
             options.inter_op_num_threads = 1
-        if self._fused and self.lookups:
-            # an ORT-optimized graph with the lookups in it: optimizing it again would only
-            # wrap the lookups in transposes (conversion/lookups.optimized_with_lookups)
+        if self._fused and (self.lookups or self.depthwise):
+            # an ORT-optimized graph with the extension's ops in it: optimizing it again would
+            # only wrap them in transposes (conversion/session_graph.py)
             options.register_custom_ops_library(lookup_library())
             options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
         # ORT's SkipLayerNormalization kernel (the fusion of Add + LayerNormalization) is slower

@@ -482,6 +482,7 @@ class PartitionRuntime(torch.nn.Module):
                 "lookups": getattr(inner, "lookups", 0),
                 "lookup_kernel": _lookup_kernel(),
                 "narrow_convs": getattr(inner, "narrow_convs", 0),
+                "depthwise": getattr(inner, "depthwise", 0),
             }
             if kernels is not None
             else None

@@ -63,6 +63,7 @@ def _make_sim(spec: PartitionSpec, settings: BpuSettings, result: BuildResult) -
         kernels,
         candidates if len(candidates) > 1 else (),
         lookups=settings.sim_lookups,
+        depthwise=settings.sim_depthwise,
     )
 
 

@@ -1,0 +1,454 @@
+// Depthwise 8-bit convolution for the sim executor's ONNX Runtime sessions, bit-equal to ONNX
+// Runtime's own QLinearConv (channels-last, one input channel per group).
+//
+// ONNX Runtime's int8 depthwise kernel was the slowest part of MobileNetV3's integer session:
+// by its profiler, batch 1, 1 thread, a 3x3 over 88 channels at 28x28 took 67.6 us, where its
+// float NCHWc kernel does the same conv in 15.7 us. Every product and partial sum of an 8-bit
+// depthwise conv is an integer far below 2^24 (25 taps x 255 x 255 < 2^21), so float32 holds
+// each of them exactly and the float multiply-adds give QLinearConv's own int32 accumulator;
+// then the output is requantized as MLAS does (MlasRequantizeOutput): the accumulator, bias
+// included, times the per-channel scale (x_scale * w_scale / y_scale, formed so in float32 by
+// torch_fl/bpu/conversion/depthwise.py), clamped to the output type's range less the zero point,
+// rounded to nearest even, plus the zero point.
+//
+// Op, in domain "torch_fl.bpu", named by the 8-bit type of x and y:
+//   DepthwiseConv<U8|I8>(x, weights, bias, scale, geometry) -> y
+//     x         [N, H, W, C] uint8 / int8 (channels last)
+//     weights   [KH * KW, C] float: w - w_zero_point, tap-major
+//     bias      [C] float: QLinearConv's int32 bias (0 where it has none)
+//     scale     [C] float: the requantization scale
+//     geometry  [13] int64: KH, KW, stride h, w, pads top, left, bottom, right, dilation h, w,
+//               x zero point, y zero point, form (0: the fastest form here; 1: the plain loop,
+//               for tests that compare the two)
+//     y         [N, OH, OW, C] of x's type
+// conversion/depthwise.py writes it only where that exactness bound holds per channel.
+#include "runtime/ort_depthwise.h"
+
+#include "runtime/ort_kernel.h"
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
+#endif
+#include <cmath>
+#include <cstring>
+#include <type_traits>
+
+namespace torch_fl {
+namespace ort_depthwise {
+namespace {
+
+using namespace torch_fl::ort;
+
+struct Geometry {
+  int64_t kh, kw, sh, sw, pt, pl, pb, pr, dh, dw, zp_x, zp_y, form;
+  int64_t n, h, w, c, oh, ow;
+};
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define TFL_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,fma")))
+
+bool have_avx512() {
+  static const bool have = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512vl");
+  }();
+  return have;
+}
+
+// in[i] - zp as floats, 16 at a time; returns how many it did (the rest: the caller's loop).
+TFL_AVX512 inline int64_t widen_avx512(const uint8_t* in, int64_t count, float zp, float* dst) {
+  const __m512 z = _mm512_set1_ps(zp);
+  int64_t i = 0;
+  for (; i + 16 <= count; i += 16) {
+    const __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(in + i)));
+    _mm512_storeu_ps(dst + i, _mm512_sub_ps(_mm512_cvtepi32_ps(v), z));
+  }
+  return i;
+}
+TFL_AVX512 inline int64_t widen_avx512(const int8_t* in, int64_t count, float zp, float* dst) {
+  const __m512 z = _mm512_set1_ps(zp);
+  int64_t i = 0;
+  for (; i + 16 <= count; i += 16) {
+    const __m512i v = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(in + i)));
+    _mm512_storeu_ps(dst + i, _mm512_sub_ps(_mm512_cvtepi32_ps(v), z));
+  }
+  return i;
+}
+#endif
+
+// Input rows [ih0, ih0 + rows) of batch item `n`, less the zero point, as floats in a
+// zero-padded band of rows of `wp` = W + pads pixels; rows outside the input are all padding.
+template <class T>
+void fill_band(const T* x, const Geometry& g, int64_t n, int64_t ih0, int64_t rows, bool fast,
+               float* band) {
+  const int64_t wp = g.w + g.pl + g.pr;
+  const float zp = static_cast<float>(g.zp_x);
+  for (int64_t r = 0; r < rows; ++r) {
+    float* out = band + r * wp * g.c;
+    const int64_t ih = ih0 + r;
+    if (ih < 0 || ih >= g.h) {
+      std::memset(out, 0, sizeof(float) * static_cast<size_t>(wp * g.c));
+      continue;
+    }
+    std::memset(out, 0, sizeof(float) * static_cast<size_t>(g.pl * g.c));
+    std::memset(out + (g.pl + g.w) * g.c, 0, sizeof(float) * static_cast<size_t>(g.pr * g.c));
+    const T* in = x + ((n * g.h + ih) * g.w) * g.c;
+    float* dst = out + g.pl * g.c;
+    const int64_t count = g.w * g.c;
+    int64_t i = 0;
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+    if (fast) {
+      i = widen_avx512(in, count, zp, dst);
+    }
+#endif
+    for (; i < count; ++i) {
+      dst[i] = static_cast<float>(in[i]) - zp;  // exact: both are small integers
+    }
+  }
+}
+
+// One output row from its band (band row 0 is the row of tap 0), the plain loop.
+template <class T>
+void row_portable(const float* band, const float* w, const float* bias, const float* scale,
+                  const Geometry& g, T* out) {
+  const int64_t wp = g.w + g.pl + g.pr;
+  const float lo = static_cast<float>((std::is_signed<T>::value ? -128 : 0) - g.zp_y);
+  const float hi = static_cast<float>((std::is_signed<T>::value ? 127 : 255) - g.zp_y);
+  for (int64_t ow = 0; ow < g.ow; ++ow) {
+    for (int64_t c = 0; c < g.c; ++c) {
+      float acc = bias[c];
+      for (int64_t i = 0; i < g.kh; ++i) {
+        const float* px = band + ((i * g.dh) * wp + ow * g.sw) * g.c + c;
+        for (int64_t j = 0; j < g.kw; ++j) {
+          acc += px[j * g.dw * g.c] * w[(i * g.kw + j) * g.c + c];
+        }
+      }
+      const float r = std::min(std::max(acc * scale[c], lo), hi);
+      out[ow * g.c + c] = static_cast<T>(static_cast<int>(std::nearbyint(r)) + g.zp_y);
+    }
+  }
+}
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+// The accumulator of 16 channels -> 16 output bytes (MLAS's requantization, as above).
+template <class T>
+TFL_AVX512 inline void store16(__m512 acc, __m512 scale, __m512 lo, __m512 hi, __m512i zp,
+                               __mmask16 mask, T* out) {
+  const __m512 r = _mm512_min_ps(_mm512_max_ps(_mm512_mul_ps(acc, scale), lo), hi);
+  const __m512i q = _mm512_add_epi32(_mm512_cvtps_epi32(r), zp);  // nearest even (MXCSR)
+  _mm_mask_storeu_epi8(out, mask, _mm512_cvtepi32_epi8(q));        // low byte: the 8-bit value
+}
+
+// P output pixels of one output row, 16 channels from c0 (`m`: the tail mask), with kernel width
+// KW and column stride SW (column dilation 1): per kernel row, the (P - 1) * SW + KW input
+// vectors that the P outputs read are loaded once and each weight once, so the multiply-adds
+// outnumber the loads (8 outputs of a 3x3: 24 multiply-adds on 13 loads a row, where loading
+// each operand would take 48).
+template <int KW, int SW, int P>
+TFL_AVX512 inline void tile(const float* band, int64_t wp, const float* w, const Geometry& g,
+                            int64_t c0, __mmask16 m, int64_t ow, __m512 (&acc)[P]) {
+  constexpr int kInputs = (P - 1) * SW + KW;
+  for (int64_t i = 0; i < g.kh; ++i) {
+    const float* row = band + ((i * g.dh) * wp + ow * SW) * g.c + c0;
+    const float* wt = w + (i * KW) * g.c + c0;
+    __m512 in[kInputs];
+#pragma GCC unroll 32
+    for (int k = 0; k < kInputs; ++k) {
+      in[k] = _mm512_maskz_loadu_ps(m, row + k * g.c);
+    }
+#pragma GCC unroll 16
+    for (int j = 0; j < KW; ++j) {
+      const __m512 wv = _mm512_maskz_loadu_ps(m, wt + j * g.c);
+#pragma GCC unroll 16
+      for (int o = 0; o < P; ++o) {
+        acc[o] = _mm512_fmadd_ps(in[o * SW + j], wv, acc[o]);
+      }
+    }
+  }
+}
+
+// Outputs [ow, ow + count) of the row in tiles of P, then of P / 2, ... 1.
+template <class T, int KW, int SW, int P>
+TFL_AVX512 inline void tiles(const float* band, int64_t wp, const float* w, const Geometry& g,
+                             int64_t c0, __mmask16 m, __m512 b, __m512 s, __m512 lo, __m512 hi,
+                             __m512i zp, int64_t ow, int64_t end, T* out) {
+  for (; ow + P <= end; ow += P) {
+    __m512 acc[P];
+#pragma GCC unroll 16
+    for (int o = 0; o < P; ++o) {
+      acc[o] = b;
+    }
+    tile<KW, SW, P>(band, wp, w, g, c0, m, ow, acc);
+#pragma GCC unroll 16
+    for (int o = 0; o < P; ++o) {
+      store16(acc[o], s, lo, hi, zp, m, out + (ow + o) * g.c + c0);
+    }
+  }
+  if constexpr (P > 1) {
+    tiles<T, KW, SW, P / 2>(band, wp, w, g, c0, m, b, s, lo, hi, zp, ow, end, out);
+  }
+}
+
+// One output row, 16 channels at a time (the tail masked). By hand (1 thread, AVX512-VNNI
+// EPYC), with its band: a 3x3 over 88 channels at 28x28 17.8 us, against 67.6 us for ORT's
+// kernel by its profiler; a 5x5 over 240 at 14x14 31.3 against 32.5.
+template <class T, int KW, int SW>
+TFL_AVX512 void row_avx512(const float* band, const float* w, const float* bias,
+                           const float* scale, const Geometry& g, T* out) {
+  constexpr int kMin = std::is_signed<T>::value ? -128 : 0;
+  constexpr int kMax = std::is_signed<T>::value ? 127 : 255;
+  const int64_t wp = g.w + g.pl + g.pr;
+  const __m512 lo = _mm512_set1_ps(static_cast<float>(kMin - g.zp_y));
+  const __m512 hi = _mm512_set1_ps(static_cast<float>(kMax - g.zp_y));
+  const __m512i zp = _mm512_set1_epi32(static_cast<int>(g.zp_y));
+  for (int64_t c0 = 0; c0 < g.c; c0 += 16) {
+    const int64_t left = g.c - c0;
+    const __mmask16 m = left >= 16 ? static_cast<__mmask16>(0xFFFF)
+                                   : static_cast<__mmask16>((1u << left) - 1);
+    const __m512 b = _mm512_maskz_loadu_ps(m, bias + c0);
+    const __m512 s = _mm512_maskz_loadu_ps(m, scale + c0);
+    // 8 outputs a tile at column stride 1, 4 at 2: up to 23 of the 32 vector registers
+    tiles<T, KW, SW, (SW == 1 ? 8 : 4)>(band, wp, w, g, c0, m, b, s, lo, hi, zp, 0, g.ow, out);
+  }
+}
+
+// Any geometry: one output pixel at a time, every operand loaded.
+template <class T>
+TFL_AVX512 void row_avx512_any(const float* band, const float* w, const float* bias,
+                               const float* scale, const Geometry& g, T* out) {
+  constexpr int kMin = std::is_signed<T>::value ? -128 : 0;
+  constexpr int kMax = std::is_signed<T>::value ? 127 : 255;
+  const int64_t wp = g.w + g.pl + g.pr;
+  const __m512 lo = _mm512_set1_ps(static_cast<float>(kMin - g.zp_y));
+  const __m512 hi = _mm512_set1_ps(static_cast<float>(kMax - g.zp_y));
+  const __m512i zp = _mm512_set1_epi32(static_cast<int>(g.zp_y));
+  for (int64_t c0 = 0; c0 < g.c; c0 += 16) {
+    const int64_t left = g.c - c0;
+    const __mmask16 m = left >= 16 ? static_cast<__mmask16>(0xFFFF)
+                                   : static_cast<__mmask16>((1u << left) - 1);
+    const __m512 b = _mm512_maskz_loadu_ps(m, bias + c0);
+    const __m512 s = _mm512_maskz_loadu_ps(m, scale + c0);
+    for (int64_t ow = 0; ow < g.ow; ++ow) {
+      __m512 a = b;
+      for (int64_t i = 0; i < g.kh; ++i) {
+        const float* row = band + ((i * g.dh) * wp + ow * g.sw) * g.c + c0;
+        const float* wt = w + (i * g.kw) * g.c + c0;
+        for (int64_t j = 0; j < g.kw; ++j) {
+          a = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, row + j * g.dw * g.c),
+                              _mm512_maskz_loadu_ps(m, wt + j * g.c), a);
+        }
+      }
+      store16(a, s, lo, hi, zp, m, out + ow * g.c + c0);
+    }
+  }
+}
+
+using RowFn = void (*)(const float*, const float*, const float*, const float*, const Geometry&,
+                       void*);
+
+template <class T, int KW, int SW>
+void row_entry(const float* band, const float* w, const float* bias, const float* scale,
+               const Geometry& g, void* out) {
+  row_avx512<T, KW, SW>(band, w, bias, scale, g, static_cast<T*>(out));
+}
+template <class T>
+void row_entry_any(const float* band, const float* w, const float* bias, const float* scale,
+                   const Geometry& g, void* out) {
+  row_avx512_any<T>(band, w, bias, scale, g, static_cast<T*>(out));
+}
+
+// The row kernel for g: a tiled one for kernel widths 1 to 7 at column stride 1 or 2 (no column
+// dilation), the one-pixel loop otherwise.
+template <class T>
+RowFn pick_row(const Geometry& g) {
+  if (g.dw == 1 && (g.sw == 1 || g.sw == 2)) {
+    static const RowFn table[2][7] = {
+        {row_entry<T, 1, 1>, row_entry<T, 2, 1>, row_entry<T, 3, 1>, row_entry<T, 4, 1>,
+         row_entry<T, 5, 1>, row_entry<T, 6, 1>, row_entry<T, 7, 1>},
+        {row_entry<T, 1, 2>, row_entry<T, 2, 2>, row_entry<T, 3, 2>, row_entry<T, 4, 2>,
+         row_entry<T, 5, 2>, row_entry<T, 6, 2>, row_entry<T, 7, 2>}};
+    if (g.kw >= 1 && g.kw <= 7) {
+      return table[g.sw - 1][g.kw - 1];
+    }
+  }
+  return row_entry_any<T>;
+}
+#endif
+
+bool fast_form_here() {
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+  return have_avx512();
+#else
+  return false;
+#endif
+}
+
+// Output rows [r0, r1) of the N * OH rows: each batch item's share from one band of its input.
+template <class T>
+void rows(const T* x, const float* w, const float* bias, const float* scale, const Geometry& g,
+          int64_t r0, int64_t r1, T* y) {
+  thread_local std::vector<float> band;
+  const int64_t wp = g.w + g.pl + g.pr;
+  const bool fast = g.form == 0 && fast_form_here();
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+  const RowFn fast_row = fast ? pick_row<T>(g) : nullptr;
+#endif
+  for (int64_t r = r0; r < r1;) {
+    const int64_t n = r / g.oh, oh0 = r % g.oh;
+    const int64_t oh1 = std::min(g.oh, oh0 + (r1 - r));
+    // the input rows these output rows read: from oh0's first tap to oh1 - 1's last
+    const int64_t ih0 = oh0 * g.sh - g.pt;
+    const int64_t span = (oh1 - 1 - oh0) * g.sh + (g.kh - 1) * g.dh + 1;
+    band.resize(static_cast<size_t>(span * wp * g.c) + 16);  // + 16: the masked loads' reach
+    fill_band(x, g, n, ih0, span, fast, band.data());
+    for (int64_t oh = oh0; oh < oh1; ++oh) {
+      const float* start = band.data() + (oh - oh0) * g.sh * wp * g.c;
+      T* out = y + ((n * g.oh + oh) * g.ow) * g.c;
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+      if (fast) {
+        fast_row(start, w, bias, scale, g, out);
+        continue;
+      }
+#endif
+      row_portable(start, w, bias, scale, g, out);
+    }
+    r += oh1 - oh0;
+  }
+}
+
+// Work for one piece: handing a piece to another thread costs ~2 us (ort_lookup.cpp), so a
+// piece is at least this many multiply-adds (~10 us by hand).
+constexpr int64_t kMinPieceWork = 1 << 18;
+
+struct OpSpec {
+  CustomOp op;  // first: ONNX Runtime passes back &op, which is also &spec
+  const char* name;
+  int type;  // of x and y
+};
+
+const OpSpec& spec_of(const CustomOp* op) {
+  return *reinterpret_cast<const OpSpec*>(op);
+}
+
+Status* check_float(const char* op, const TensorView& t, const char* what, size_t count) {
+  if (t.type != kFloat || t.count != count) {
+    return error(std::string("torch_fl.bpu ") + op + ": " + what + " must be " +
+                 std::to_string(count) + " floats, got " + std::to_string(t.count) +
+                 " of ONNX element type " + std::to_string(t.type));
+  }
+  return nullptr;
+}
+
+Status* compute(void* kernel, KernelContext* context) {
+  const OpSpec& spec = *static_cast<const OpSpec*>(kernel);
+  const char* op = spec.name;
+  TensorView x, w, bias, scale, geo;
+  TFL_ORT_TRY(read_input(context, 0, &x, op));
+  TFL_ORT_TRY(read_input(context, 1, &w, op));
+  TFL_ORT_TRY(read_input(context, 2, &bias, op));
+  TFL_ORT_TRY(read_input(context, 3, &scale, op));
+  TFL_ORT_TRY(read_input(context, 4, &geo, op));
+  if (x.type != spec.type || x.dims.size() != 4) {
+    return error(std::string("torch_fl.bpu ") + op + ": x must be a 4-D [N, H, W, C] tensor of " +
+                 (spec.type == kUint8 ? "uint8" : "int8") + ", got " + shape_text(x.dims) +
+                 " of ONNX element type " + std::to_string(x.type));
+  }
+  if (geo.type != kInt64 || geo.count != 13) {
+    return error(std::string("torch_fl.bpu ") + op + ": geometry must be 13 int64 values");
+  }
+  const int64_t* v = static_cast<const int64_t*>(geo.data);
+  Geometry g{v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7], v[8], v[9], v[10], v[11], v[12],
+             x.dims[0], x.dims[1], x.dims[2], x.dims[3], 0, 0};
+  const int64_t lo = spec.type == kUint8 ? 0 : -128, hi = spec.type == kUint8 ? 255 : 127;
+  if (g.kh < 1 || g.kw < 1 || g.sh < 1 || g.sw < 1 || g.dh < 1 || g.dw < 1 || g.pt < 0 ||
+      g.pl < 0 || g.pb < 0 || g.pr < 0 || g.zp_x < lo || g.zp_x > hi || g.zp_y < lo ||
+      g.zp_y > hi || g.form < 0 || g.form > 1) {
+    return error(std::string("torch_fl.bpu ") + op +
+                 ": geometry out of range (kernel, strides and dilations >= 1, pads >= 0, zero "
+                 "points in the 8-bit type's range, form 0 or 1)");
+  }
+  g.oh = (g.h + g.pt + g.pb - (g.kh - 1) * g.dh - 1) / g.sh + 1;
+  g.ow = (g.w + g.pl + g.pr - (g.kw - 1) * g.dw - 1) / g.sw + 1;
+  if (g.h + g.pt + g.pb < (g.kh - 1) * g.dh + 1 || g.w + g.pl + g.pr < (g.kw - 1) * g.dw + 1) {
+    return error(std::string("torch_fl.bpu ") + op + ": the padded input " + shape_text(x.dims) +
+                 " is smaller than the kernel");
+  }
+  const size_t channels = static_cast<size_t>(g.c);
+  TFL_ORT_TRY(check_float(op, w, "weights", static_cast<size_t>(g.kh * g.kw) * channels));
+  TFL_ORT_TRY(check_float(op, bias, "bias", channels));
+  TFL_ORT_TRY(check_float(op, scale, "scale", channels));
+  void* out = nullptr;
+  TFL_ORT_TRY(make_output(context, {g.n, g.oh, g.ow, g.c}, &out));
+  const int64_t total_rows = g.n * g.oh;
+  if (total_rows == 0 || g.ow == 0 || g.c == 0) {
+    return nullptr;
+  }
+  const int64_t row_work = g.ow * g.c * g.kh * g.kw;
+  const int64_t want = std::max<int64_t>(
+      1, std::min<int64_t>({kMaxPieces, total_rows, total_rows * row_work / kMinPieceWork}));
+  const int64_t per = (total_rows + want - 1) / want;
+  const float* wf = static_cast<const float*>(w.data);
+  const float* bf = static_cast<const float*>(bias.data);
+  const float* sf = static_cast<const float*>(scale.data);
+  const auto body = [&](int64_t i) {
+    const int64_t r0 = i * per, r1 = std::min(total_rows, r0 + per);
+    if (r0 >= r1) {
+      return;
+    }
+    if (spec.type == kUint8) {
+      rows(static_cast<const uint8_t*>(x.data), wf, bf, sf, g, r0, r1, static_cast<uint8_t*>(out));
+    } else {
+      rows(static_cast<const int8_t*>(x.data), wf, bf, sf, g, r0, r1, static_cast<int8_t*>(out));
+    }
+  };
+  return run_parts(context, (total_rows + per - 1) / per, body);
+}
+
+Status* create_kernel(const CustomOp* op, const void*, const KernelInfo*, void** kernel) {
+  *kernel = const_cast<CustomOp*>(op);  // stateless: the spec is the kernel
+  return nullptr;
+}
+const char* name(const CustomOp* op) { return spec_of(op).name; }
+const char* provider(const CustomOp*) { return "CPUExecutionProvider"; }
+int input_type(const CustomOp* op, size_t index) {
+  return index == 0 ? spec_of(op).type : index == 4 ? kInt64 : kFloat;
+}
+size_t input_count(const CustomOp*) { return 5; }
+int output_type(const CustomOp* op, size_t) { return spec_of(op).type; }
+size_t output_count(const CustomOp*) { return 1; }
+void destroy(void*) {}
+int required(const CustomOp*, size_t) { return 0; }
+int one(const CustomOp*) { return 1; }
+int first_opset(const CustomOp*) { return 1; }
+int last_opset(const CustomOp*) { return 1 << 30; }
+
+constexpr OpSpec make_spec(const char* op_name, int type) {
+  return OpSpec{CustomOp{kApiVersion, nullptr, name, provider, input_type, input_count,
+                         output_type, output_count, nullptr, destroy, required, required,
+                         required, one, one, one, one, create_kernel, compute, nullptr,
+                         first_opset, last_opset},
+                op_name, type};
+}
+
+OpSpec g_ops[] = {
+    make_spec("DepthwiseConvU8", kUint8),
+    make_spec("DepthwiseConvI8", kInt8),
+};
+
+}  // namespace
+}  // namespace ort_depthwise
+
+std::vector<const ort::CustomOp*> ort::depthwise_ops() {
+  std::vector<const CustomOp*> out;
+  for (const ort_depthwise::OpSpec& spec : ort_depthwise::g_ops) {
+    out.push_back(&spec.op);
+  }
+  return out;
+}
+
+const char* depthwise_kernel() {
+  return ort_depthwise::fast_form_here() ? "avx512" : "portable";
+}
+
+}  // namespace torch_fl

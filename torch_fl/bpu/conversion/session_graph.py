@@ -1,0 +1,47 @@
+"""The graph a fused sim session opens: ONNX Runtime's own optimized form of the integer graph,
+with the extension's ops in it (conversion/lookups.py, conversion/depthwise.py).
+
+Both rewrites work on ORT's optimized form rather than on the graph it receives: there the
+integer convs already run channels-last with the transposes between them cancelled, and an op
+ORT does not know, placed before its optimizer, would get a transpose on each side. The session
+then opens the result with graph optimizations off (runtime/executors.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import onnx
+
+from torch_fl.bpu.conversion.depthwise import candidates, rewrite_depthwise
+from torch_fl.bpu.conversion.lookups import fuse_lookups, has_chains, ort_optimized
+
+__all__ = ["SessionGraph", "session_graph"]
+
+
+@dataclass(frozen=True)
+class SessionGraph:
+    data: bytes | None
+    """The rewritten optimized graph; None where nothing was replaced (the session opens the
+    integer graph itself, optimized by ORT as usual)."""
+    lookups: int
+    """Elementwise chains now table lookups."""
+    depthwise: int
+    """Depthwise int8 convs now the extension's DepthwiseConv op."""
+
+
+def session_graph(
+    model: onnx.ModelProto, disabled: Sequence[str], lookups: bool, depthwise: bool
+) -> SessionGraph:
+    """ORT's optimized form of the integer graph `model` (without the optimizers in `disabled`)
+    with its elementwise chains as lookups where `lookups`, its depthwise convs as DepthwiseConv
+    where `depthwise`. No ORT pass is spent where neither has anything to replace."""
+    want_lookups = lookups and has_chains(model)
+    want_depthwise = depthwise and candidates(model) > 0
+    if not (want_lookups or want_depthwise):
+        return SessionGraph(None, 0, 0)
+    optimized = ort_optimized(model, disabled)
+    n_lookups = fuse_lookups(optimized) if want_lookups else 0
+    n_depthwise = rewrite_depthwise(optimized) if want_depthwise else 0
+    data = optimized.SerializeToString() if n_lookups or n_depthwise else None
+    return SessionGraph(data, n_lookups, n_depthwise)
