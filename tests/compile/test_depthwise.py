@@ -1,0 +1,310 @@
+"""The sim's depthwise int8 conv op (conversion/depthwise.py, csrc/runtime/ort_depthwise.cpp)
+against ONNX Runtime's own channels-last QLinearConv, byte for byte, in real sessions: strides,
+dilations, asymmetric pads, kernel sizes inside and outside the tiled forms, zero points, u8 and
+s8 weights, per-tensor and per-channel scales, with and without bias, batches, 1 and 2 threads,
+the AVX-512 form and the plain loop; then the rewrite's limits and a compiled model."""
+
+from __future__ import annotations
+
+import warnings
+import zlib
+
+import numpy as np
+import onnx
+import pytest
+import torch
+from onnx import TensorProto, helper, numpy_helper
+
+from torch_fl import _C
+from torch_fl.bpu.conversion.depthwise import ALIGNED_CHANNELS, OPS, candidates, rewrite_depthwise
+
+ort = pytest.importorskip("onnxruntime")
+_NP = {TensorProto.UINT8: np.uint8, TensorProto.INT8: np.int8}
+
+
+def _qlinearconv(
+    rng: np.random.Generator,
+    shape: tuple[int, int, int, int],
+    kernel: tuple[int, int],
+    strides=(1, 1),
+    dilations=(1, 1),
+    pads=(1, 1, 1, 1),
+    x_type=TensorProto.UINT8,
+    zp_x=128,
+    zp_y=100,
+    w_type=TensorProto.INT8,
+    per_channel=True,
+    bias=True,
+    bias_scale=300,
+) -> onnx.ModelProto:
+    """One channels-last depthwise QLinearConv (com.microsoft, as ORT's optimizer writes it)
+    over an NHWC input of `shape` with random weights, scales and bias."""
+    n, h, w, c = shape
+    kh, kw = kernel
+    if w_type == TensorProto.INT8:
+        weights, w_zp = rng.integers(-127, 128, (c, 1, kh, kw)).astype(np.int8), np.int8(0)
+    else:
+        weights, w_zp = rng.integers(0, 256, (c, 1, kh, kw)).astype(np.uint8), np.uint8(128)
+    w_scale = rng.uniform(0.001, 0.02, c if per_channel else 1).astype(np.float32)
+    inits = [
+        numpy_helper.from_array(np.array(rng.uniform(0.005, 0.05), np.float32), "xs"),
+        numpy_helper.from_array(np.array(zp_x, _NP[x_type]), "xz"),
+        numpy_helper.from_array(weights, "w"),
+        numpy_helper.from_array(w_scale if per_channel else w_scale.reshape(()), "ws"),
+        numpy_helper.from_array(np.full(c, w_zp) if per_channel else np.array(w_zp), "wz"),
+        numpy_helper.from_array(np.array(rng.uniform(0.002, 0.03), np.float32), "ys"),
+        numpy_helper.from_array(np.array(zp_y, _NP[x_type]), "yz"),
+    ]
+    inputs = ["x", "xs", "xz", "w", "ws", "wz", "ys", "yz"]
+    if bias:
+        b = rng.integers(-bias_scale, bias_scale + 1, c).astype(np.int32)
+        inits.append(numpy_helper.from_array(b, "b"))
+        inputs.append("b")
+    node = helper.make_node(
+        "QLinearConv", inputs, ["y"], domain="com.microsoft", name="dw",
+        group=c, kernel_shape=list(kernel), strides=list(strides), dilations=list(dilations),
+        pads=list(pads), channels_last=1,
+    )  # fmt: skip
+    graph = helper.make_graph(
+        [node], "dw",
+        [helper.make_tensor_value_info("x", x_type, list(shape))],
+        [helper.make_tensor_value_info("y", x_type, None)], inits,
+    )  # fmt: skip
+    return helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)]
+    )
+
+
+def _session(model: onnx.ModelProto, threads: int = 1):
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    options.intra_op_num_threads = threads
+    options.register_custom_ops_library(_C.__file__)
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    return ort.InferenceSession(model.SerializeToString(), options, ["CPUExecutionProvider"])
+
+
+def _both(model: onnx.ModelProto, x: np.ndarray, form: int, threads: int = 1):
+    """(QLinearConv's output, the op's output, the rewritten graph's op types)."""
+    expected = _session(model, threads).run(None, {"x": x})[0]
+    rewritten = onnx.ModelProto()
+    rewritten.CopyFrom(model)
+    assert rewrite_depthwise(rewritten, form=form, every_width=True) == 1
+    got = _session(rewritten, threads).run(None, {"x": x})[0]
+    return expected, got, [n.op_type for n in rewritten.graph.node]
+
+
+def _input(rng, shape, x_type):
+    lo, hi = (0, 256) if x_type == TensorProto.UINT8 else (-128, 128)
+    return rng.integers(lo, hi, shape).astype(_NP[x_type])
+
+
+CASES = {
+    # name: (shape NHWC, kernel, strides, dilations, pads)
+    "3x3 s1 88ch": ((1, 28, 28, 88), (3, 3), (1, 1), (1, 1), (1, 1, 1, 1)),
+    "3x3 s2 72ch": ((1, 20, 20, 72), (3, 3), (2, 2), (1, 1), (1, 1, 1, 1)),
+    "5x5 s1 120ch": ((1, 14, 14, 120), (5, 5), (1, 1), (1, 1), (2, 2, 2, 2)),
+    "5x5 s2 odd size": ((2, 15, 13, 40), (5, 5), (2, 2), (1, 1), (2, 2, 2, 2)),
+    "7x7 s1 24ch": ((1, 9, 11, 24), (7, 7), (1, 1), (1, 1), (3, 3, 3, 3)),
+    "3x3 3 channels": ((3, 7, 6, 3), (3, 3), (1, 1), (1, 1), (1, 1, 1, 1)),
+    "1x1": ((1, 5, 5, 17), (1, 1), (1, 1), (1, 1), (0, 0, 0, 0)),
+    "3x5 asymmetric pads": ((1, 10, 12, 33), (3, 5), (1, 2), (1, 1), (0, 2, 2, 1)),
+    "dilated 3x3": ((1, 12, 12, 20), (3, 3), (1, 1), (2, 2), (2, 2, 2, 2)),
+    "stride 3, no tiled form": ((1, 13, 13, 18), (3, 3), (3, 3), (1, 1), (1, 1, 1, 1)),
+    "9x9, no tiled form": ((1, 12, 12, 19), (9, 9), (1, 1), (1, 1), (4, 4, 4, 4)),
+    "kernel as large as the padded input": ((1, 3, 4, 21), (5, 6), (1, 1), (1, 1), (1, 1, 1, 1)),
+    "16 channels": ((1, 11, 11, 16), (3, 3), (2, 2), (1, 1), (1, 1, 1, 1)),
+}
+
+
+@pytest.mark.parametrize("form", [0, 1], ids=["fastest", "portable"])
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_op_is_qlinearconv_byte_for_byte(case, form):
+    shape, kernel, strides, dilations, pads = CASES[case]
+    rng = np.random.default_rng(zlib.crc32(case.encode()))
+    model = _qlinearconv(rng, shape, kernel, strides, dilations, pads)
+    for seed in range(3):
+        x = _input(np.random.default_rng(seed), shape, TensorProto.UINT8)
+        expected, got, ops = _both(model, x, form)
+        assert ops == ["DepthwiseConvU8"]
+        assert got.dtype == expected.dtype and got.shape == expected.shape
+        np.testing.assert_array_equal(got, expected)
+    # the outputs are not trivially saturated: the comparison means something
+    assert len(np.unique(expected)) > min(20, expected.size // 4)
+
+
+@pytest.mark.parametrize("form", [0, 1], ids=["fastest", "portable"])
+@pytest.mark.parametrize(
+    "quant",
+    [
+        dict(zp_x=0, zp_y=0),
+        dict(zp_x=255, zp_y=255),
+        dict(zp_x=37, zp_y=200, per_channel=False),
+        dict(w_type=TensorProto.UINT8),
+        dict(w_type=TensorProto.UINT8, per_channel=False, bias=False),
+        dict(x_type=TensorProto.INT8, zp_x=0, zp_y=-5),
+        dict(x_type=TensorProto.INT8, zp_x=-128, zp_y=127, per_channel=False),
+        dict(bias_scale=2_000_000),  # large biases, still inside the exactness bound
+    ],
+    ids=lambda q: ",".join(f"{k}={v}" for k, v in q.items()),
+)
+def test_zero_points_weight_types_and_scales(quant, form):
+    rng = np.random.default_rng(7)
+    shape = (2, 9, 10, 24)
+    model = _qlinearconv(rng, shape, (3, 3), **quant)
+    x_type = quant.get("x_type", TensorProto.UINT8)
+    x = _input(rng, shape, x_type)
+    expected, got, ops = _both(model, x, form)
+    assert ops == [OPS[x_type]]
+    np.testing.assert_array_equal(got, expected)
+
+
+def test_split_over_two_threads_is_the_same():
+    rng = np.random.default_rng(3)
+    shape = (4, 30, 30, 40)  # enough work for several pieces (kMinPieceWork)
+    model = _qlinearconv(rng, shape, (3, 3), strides=(2, 2))
+    x = _input(rng, shape, TensorProto.UINT8)
+    expected, got, _ = _both(model, x, form=0, threads=2)
+    np.testing.assert_array_equal(got, expected)
+
+
+def test_aligned_channels_and_convs_past_the_bound_stay_onnx_runtimes():
+    rng = np.random.default_rng(5)
+    aligned = _qlinearconv(rng, (1, 8, 8, ALIGNED_CHANNELS * 2), (3, 3))
+    assert rewrite_depthwise(aligned) == 0  # ORT's kernel is the faster there
+    assert rewrite_depthwise(aligned, every_width=True) == 1
+    # a bias so large that an accumulator could pass 2^24: not exact in float32
+    huge = _qlinearconv(rng, (1, 8, 8, 24), (3, 3))
+    bias = next(i for i in huge.graph.initializer if i.name == "b")
+    values = numpy_helper.to_array(bias).copy()
+    values[5] = 2**24 - 1000  # channel 5's sum of |w| x 255 adds more than 1000
+    bias.CopyFrom(numpy_helper.from_array(values, "b"))
+    assert rewrite_depthwise(huge, every_width=True) == 0
+    assert [n.op_type for n in huge.graph.node] == ["QLinearConv"]
+    # a grouped conv with two channels per group is not depthwise
+    model = _qlinearconv(rng, (1, 8, 8, 24), (3, 3))
+    weights = next(i for i in model.graph.initializer if i.name == "w")
+    weights.CopyFrom(numpy_helper.from_array(np.zeros((24, 2, 3, 3), np.int8), "w"))
+    next(a for a in model.graph.node[0].attribute if a.name == "group").i = 12
+    assert rewrite_depthwise(model, every_width=True) == 0
+
+
+def test_bad_geometry_names_the_op_and_the_problem():
+    rng = np.random.default_rng(1)
+    model = _qlinearconv(rng, (1, 6, 6, 24), (3, 3))
+    rewrite_depthwise(model, every_width=True)
+    geometry = next(i for i in model.graph.initializer if i.name.endswith("/geometry"))
+    values = numpy_helper.to_array(geometry).copy()
+    values[2] = 0  # a stride of 0
+    geometry.CopyFrom(numpy_helper.from_array(values, geometry.name))
+    session = _session(model)
+    with pytest.raises(Exception, match="DepthwiseConvU8: geometry out of range"):
+        session.run(None, {"x": _input(rng, (1, 6, 6, 24), TensorProto.UINT8)})
+    # an input smaller than the kernel: a clear error, not a read past the input
+    small = _qlinearconv(rng, (1, 2, 2, 24), (5, 5), pads=(0, 0, 0, 0))
+    rewrite_depthwise(small, every_width=True)
+    with pytest.raises(Exception, match="smaller than the kernel"):
+        _session(small).run(None, {"x": _input(rng, (1, 2, 2, 24), TensorProto.UINT8)})
+
+
+def test_candidates_counts_unaligned_grouped_convs():
+    conv = helper.make_node("Conv", ["x", "w"], ["y"], group=24)
+    aligned = helper.make_node("Conv", ["y", "w2"], ["z"], group=32)
+    dense = helper.make_node("Conv", ["z", "w3"], ["o"])
+    graph = helper.make_graph([conv, aligned, dense], "g", [], [])
+    assert candidates(helper.make_model(graph)) == 1
+
+
+class _Depthwise(torch.nn.Module):
+    """A depthwise block whose channel count (24) is not a multiple of 16, between dense convs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = torch.nn.Sequential(
+            torch.nn.Conv2d(3, 24, 3, padding=1), torch.nn.BatchNorm2d(24), torch.nn.ReLU(),
+            torch.nn.Conv2d(24, 24, 3, stride=2, padding=1, groups=24), torch.nn.BatchNorm2d(24),
+            torch.nn.Hardswish(),
+            torch.nn.Conv2d(24, 40, 1), torch.nn.ReLU(),
+            torch.nn.Conv2d(40, 40, 5, padding=2, groups=40), torch.nn.ReLU(),
+            torch.nn.Conv2d(40, 8, 1),
+        )  # fmt: skip
+
+    def forward(self, x):
+        return self.body(x)
+
+
+def test_compiled_model_is_unchanged_by_the_op_and_explain_counts_it():
+    from torch_fl import bpu
+    from torch_fl.bpu import report
+
+    torch.manual_seed(0)
+    model = _Depthwise().eval()
+    x = torch.randn(2, 3, 32, 32)
+    samples = [torch.randn(2, 3, 32, 32) for _ in range(3)]
+    outs, runtimes, lines = {}, {}, {}
+    for depthwise in (True, False):
+        torch._dynamo.reset()
+        options = {"executor": "sim", "sim_depthwise": depthwise, "cache": False}
+        compiled = torch.compile(model, backend="bpu", options=options)
+        with report.collect() as reps, warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            bpu.calibrate(compiled, samples)
+            with torch.no_grad():
+                outs[depthwise] = [compiled(x * scale) for scale in (1.0, 3.0, 0.2)]
+        runtimes[depthwise] = [r for g in reps for r in g.runtimes if r.kind == "sim"]
+        lines[depthwise] = [
+            line for line in report.Report(reps).table().splitlines() if "depthwise" in line
+        ]
+    sims = runtimes[True]
+    if sims[0]._exec.kernels.path == "float":
+        pytest.skip("no fused kernel path on this CPU: the float path has no depthwise op")
+    fast = _C._depthwise_kernel() == "avx512"
+    assert sum(r._exec.depthwise for r in sims) == (2 if fast else 0)
+    assert sum(r._exec.depthwise for r in runtimes[False]) == 0
+    assert len(lines[True]) == (1 if fast else 0) and not lines[False]
+    if fast:
+        assert "2 depthwise int8 convs" in lines[True][0]
+    for a, b in zip(outs[True], outs[False], strict=True):
+        assert torch.equal(a, b)
+
+
+def _ties(xs: np.float32, ys: np.float32, count: int) -> list[tuple[np.float32, int]]:
+    """(w_scale, accumulator) pairs where ORT's scale `xs * w / ys` and the other order
+    `xs * (w / ys)`, both in float32, round the accumulator to different bytes (within
+    +-100 of the zero point)."""
+    rng = np.random.default_rng(11)
+    acc = np.arange(-2000, 2001, dtype=np.float32)
+    found: list[tuple[np.float32, int]] = []
+    while len(found) < count:
+        ws = np.float32(rng.uniform(0.001, 0.1))
+        ours, other = (xs * ws) / ys, xs * (ws / ys)
+        differ = np.nonzero(
+            (np.rint(acc * ours) != np.rint(acc * other)) & (np.abs(acc * ours) < 100)
+        )[0]
+        if len(differ):
+            found.append((ws, int(acc[differ[0]])))
+    return found
+
+
+@pytest.mark.parametrize("form", [0, 1], ids=["fastest", "portable"])
+def test_requantization_scale_is_formed_in_onnx_runtimes_order(form):
+    """Accumulators whose byte depends on the order the scale's product is formed in: one
+    channel each, weight 1, each accumulator set through the bias (x at its zero point + 1)."""
+    xs, ys = np.float32(0.0173), np.float32(0.0291)
+    ties = _ties(xs, ys, 8)
+    channels = len(ties)
+    model = _qlinearconv(np.random.default_rng(0), (1, 1, 1, channels), (1, 1), pads=(0, 0, 0, 0))
+    values = {
+        "xs": np.array(xs, np.float32),
+        "w": np.ones((channels, 1, 1, 1), np.int8),
+        "ws": np.array([ws for ws, _ in ties], np.float32),
+        "ys": np.array(ys, np.float32),
+        "yz": np.array(128, np.uint8),
+        "b": np.array([acc - 1 for _, acc in ties], np.int32),
+    }
+    for init in model.graph.initializer:
+        if init.name in values:
+            init.CopyFrom(numpy_helper.from_array(values[init.name], init.name))
+    x = np.full((1, 1, 1, channels), 129, np.uint8)  # q_x - zp_x = 1
+    expected, got, _ = _both(model, x, form)
+    np.testing.assert_array_equal(got, expected)
