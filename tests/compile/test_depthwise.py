@@ -308,3 +308,51 @@ def test_requantization_scale_is_formed_in_onnx_runtimes_order(form):
     x = np.full((1, 1, 1, channels), 129, np.uint8)  # q_x - zp_x = 1
     expected, got, _ = _both(model, x, form)
     np.testing.assert_array_equal(got, expected)
+
+
+def _reference(model: onnx.ModelProto, x: np.ndarray) -> np.ndarray:
+    """The op's definition in numpy: the exact integer accumulator of the rewritten graph's
+    inputs, times its float32 scale, clamped, rounded to nearest even, plus the zero point."""
+    inits = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+    node = model.graph.node[0]
+    weights, bias, scale, geometry = (inits[name] for name in node.input[1:])
+    kh, kw, sh, sw, pt, pl, pb, pr, dh, dw, zp_x, zp_y, _ = (int(v) for v in geometry)
+    n, h, w, c = x.shape
+    padded = np.zeros((n, h + pt + pb, w + pl + pr, c), np.int64)
+    padded[:, pt : pt + h, pl : pl + w] = x.astype(np.int64) - zp_x
+    oh = (h + pt + pb - (kh - 1) * dh - 1) // sh + 1
+    ow = (w + pl + pr - (kw - 1) * dw - 1) // sw + 1
+    acc = np.broadcast_to(bias.astype(np.int64), (n, oh, ow, c)).copy()
+    for i in range(kh):
+        for j in range(kw):
+            window = padded[:, i * dh : i * dh + (oh - 1) * sh + 1 : sh,
+                            j * dw : j * dw + (ow - 1) * sw + 1 : sw]  # fmt: skip
+            acc += window * weights[i * kw + j].astype(np.int64)
+    lo, hi = (0, 255) if x.dtype == np.uint8 else (-128, 127)
+    scaled = acc.astype(np.float32) * scale
+    scaled = np.minimum(np.maximum(scaled, np.float32(lo - zp_y)), np.float32(hi - zp_y))
+    return (np.rint(scaled).astype(np.int64) + zp_y).astype(x.dtype)
+
+
+@pytest.mark.board
+@pytest.mark.parametrize(
+    "case", ["3x3 s2 72ch", "5x5 s2 odd size", "dilated 3x3", "9x9, no tiled form"]
+)
+def test_on_this_cpu_the_op_loads_and_computes_its_definition(case):
+    """The board's check (aarch64, its own ONNX Runtime build, the plain loop): the op loads
+    through the custom-op interface and both forms give the numpy definition, at 1 and 2
+    threads. (Where ORT's own QLinearConv requantizes otherwise, the sim keeps ORT's kernel:
+    the op runs only where it has its AVX-512 form.)"""
+    shape, kernel, strides, dilations, pads = CASES[case]
+    rng = np.random.default_rng(zlib.crc32(case.encode()))
+    model = _qlinearconv(rng, shape, kernel, strides, dilations, pads)
+    x = _input(rng, shape, TensorProto.UINT8)
+    for form in (0, 1):
+        rewritten = onnx.ModelProto()
+        rewritten.CopyFrom(model)
+        assert rewrite_depthwise(rewritten, form=form, every_width=True) == 1
+        want = _reference(rewritten, x)
+        for threads in (1, 2):
+            got = _session(rewritten, threads).run(None, {"x": x})[0]
+            np.testing.assert_array_equal(got, want)
+    assert _C._depthwise_kernel() in ("avx512", "portable")
