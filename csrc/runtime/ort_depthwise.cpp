@@ -57,20 +57,14 @@ bool have_avx512() {
 }
 
 // in[i] - zp as floats, 16 at a time; returns how many it did (the rest: the caller's loop).
-TFL_AVX512 inline int64_t widen_avx512(const uint8_t* in, int64_t count, float zp, float* dst) {
+template <class T>
+TFL_AVX512 inline int64_t widen_avx512(const T* in, int64_t count, float zp, float* dst) {
   const __m512 z = _mm512_set1_ps(zp);
   int64_t i = 0;
   for (; i + 16 <= count; i += 16) {
-    const __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(in + i)));
-    _mm512_storeu_ps(dst + i, _mm512_sub_ps(_mm512_cvtepi32_ps(v), z));
-  }
-  return i;
-}
-TFL_AVX512 inline int64_t widen_avx512(const int8_t* in, int64_t count, float zp, float* dst) {
-  const __m512 z = _mm512_set1_ps(zp);
-  int64_t i = 0;
-  for (; i + 16 <= count; i += 16) {
-    const __m512i v = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(in + i)));
+    const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(in + i));
+    const __m512i v = std::is_signed<T>::value ? _mm512_cvtepi8_epi32(bytes)
+                                               : _mm512_cvtepu8_epi32(bytes);
     _mm512_storeu_ps(dst + i, _mm512_sub_ps(_mm512_cvtepi32_ps(v), z));
   }
   return i;
@@ -80,7 +74,7 @@ TFL_AVX512 inline int64_t widen_avx512(const int8_t* in, int64_t count, float zp
 // Input rows [ih0, ih0 + rows) of batch item `n`, less the zero point, as floats in a
 // zero-padded band of rows of `wp` = W + pads pixels; rows outside the input are all padding.
 template <class T>
-void fill_band(const T* x, const Geometry& g, int64_t n, int64_t ih0, int64_t rows, bool fast,
+void fill_band(const T* x, const Geometry& g, int64_t n, int64_t ih0, int64_t rows, [[maybe_unused]] bool fast,
                float* band) {
   const int64_t wp = g.w + g.pl + g.pr;
   const float zp = static_cast<float>(g.zp_x);
@@ -190,56 +184,53 @@ TFL_AVX512 inline void tiles(const float* band, int64_t wp, const float* w, cons
   }
 }
 
-// One output row, 16 channels at a time (the tail masked). By hand (1 thread, AVX512-VNNI
-// EPYC), with its band: a 3x3 over 88 channels at 28x28 17.8 us, against 67.6 us for ORT's
-// kernel by its profiler; a 5x5 over 240 at 14x14 31.3 against 32.5.
+// The output type's range less the zero point, and the zero point, as vectors (store16).
+template <class T>
+struct Requant {
+  __m512 lo, hi;
+  __m512i zp;
+  TFL_AVX512 explicit Requant(const Geometry& g)
+      : lo(_mm512_set1_ps(static_cast<float>((std::is_signed<T>::value ? -128 : 0) - g.zp_y))),
+        hi(_mm512_set1_ps(static_cast<float>((std::is_signed<T>::value ? 127 : 255) - g.zp_y))),
+        zp(_mm512_set1_epi32(static_cast<int>(g.zp_y))) {}
+};
+
+// The lanes of a block of 16 channels that `left` channels fill.
+inline __mmask16 tail_mask(int64_t left) {
+  return left >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << left) - 1);
+}
+
+// One output row, 16 channels at a time (the tail masked): in tiles for kernel width KW at column
+// stride SW, or, with KW = 0, any geometry one output pixel at a time, every operand loaded. By
+// hand (1 thread, AVX512-VNNI EPYC), with its band: a 3x3 over 88 channels at 28x28 17.8 us,
+// against 67.6 us for ORT's kernel by its profiler; a 5x5 over 240 at 14x14 31.3 against 32.5.
 template <class T, int KW, int SW>
 TFL_AVX512 void row_avx512(const float* band, const float* w, const float* bias,
                            const float* scale, const Geometry& g, T* out) {
-  constexpr int kMin = std::is_signed<T>::value ? -128 : 0;
-  constexpr int kMax = std::is_signed<T>::value ? 127 : 255;
   const int64_t wp = g.w + g.pl + g.pr;
-  const __m512 lo = _mm512_set1_ps(static_cast<float>(kMin - g.zp_y));
-  const __m512 hi = _mm512_set1_ps(static_cast<float>(kMax - g.zp_y));
-  const __m512i zp = _mm512_set1_epi32(static_cast<int>(g.zp_y));
+  const Requant<T> q(g);
   for (int64_t c0 = 0; c0 < g.c; c0 += 16) {
-    const int64_t left = g.c - c0;
-    const __mmask16 m = left >= 16 ? static_cast<__mmask16>(0xFFFF)
-                                   : static_cast<__mmask16>((1u << left) - 1);
+    const __mmask16 m = tail_mask(g.c - c0);
     const __m512 b = _mm512_maskz_loadu_ps(m, bias + c0);
     const __m512 s = _mm512_maskz_loadu_ps(m, scale + c0);
-    // 8 outputs a tile at column stride 1, 4 at 2: up to 23 of the 32 vector registers
-    tiles<T, KW, SW, (SW == 1 ? 8 : 4)>(band, wp, w, g, c0, m, b, s, lo, hi, zp, 0, g.ow, out);
-  }
-}
-
-// Any geometry: one output pixel at a time, every operand loaded.
-template <class T>
-TFL_AVX512 void row_avx512_any(const float* band, const float* w, const float* bias,
-                               const float* scale, const Geometry& g, T* out) {
-  constexpr int kMin = std::is_signed<T>::value ? -128 : 0;
-  constexpr int kMax = std::is_signed<T>::value ? 127 : 255;
-  const int64_t wp = g.w + g.pl + g.pr;
-  const __m512 lo = _mm512_set1_ps(static_cast<float>(kMin - g.zp_y));
-  const __m512 hi = _mm512_set1_ps(static_cast<float>(kMax - g.zp_y));
-  const __m512i zp = _mm512_set1_epi32(static_cast<int>(g.zp_y));
-  for (int64_t c0 = 0; c0 < g.c; c0 += 16) {
-    const int64_t left = g.c - c0;
-    const __mmask16 m = left >= 16 ? static_cast<__mmask16>(0xFFFF)
-                                   : static_cast<__mmask16>((1u << left) - 1);
-    const __m512 b = _mm512_maskz_loadu_ps(m, bias + c0);
-    const __m512 s = _mm512_maskz_loadu_ps(m, scale + c0);
-    for (int64_t ow = 0; ow < g.ow; ++ow) {
-      __m512 a = b;
-      for (int64_t i = 0; i < g.kh; ++i) {
-        const float* row = band + ((i * g.dh) * wp + ow * g.sw) * g.c + c0;
-        const float* wt = w + (i * g.kw) * g.c + c0;
-        for (int64_t j = 0; j < g.kw; ++j) {
-          a = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, row + j * g.dw * g.c),
-                              _mm512_maskz_loadu_ps(m, wt + j * g.c), a);
+    const __m512 lo = q.lo, hi = q.hi;
+    const __m512i zp = q.zp;
+    if constexpr (KW > 0) {
+      // 8 outputs a tile at column stride 1, 4 at 2: up to 23 of the 32 vector registers
+      tiles<T, KW, SW, (SW == 1 ? 8 : 4)>(band, wp, w, g, c0, m, b, s, lo, hi, zp, 0, g.ow, out);
+    } else {
+      for (int64_t ow = 0; ow < g.ow; ++ow) {
+        __m512 a = b;
+        for (int64_t i = 0; i < g.kh; ++i) {
+          const float* row = band + ((i * g.dh) * wp + ow * g.sw) * g.c + c0;
+          const float* wt = w + (i * g.kw) * g.c + c0;
+          for (int64_t j = 0; j < g.kw; ++j) {
+            a = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, row + j * g.dw * g.c),
+                                _mm512_maskz_loadu_ps(m, wt + j * g.c), a);
+          }
         }
+        store16(a, s, lo, hi, zp, m, out + ow * g.c + c0);
       }
-      store16(a, s, lo, hi, zp, m, out + ow * g.c + c0);
     }
   }
 }
@@ -251,11 +242,6 @@ template <class T, int KW, int SW>
 void row_entry(const float* band, const float* w, const float* bias, const float* scale,
                const Geometry& g, void* out) {
   row_avx512<T, KW, SW>(band, w, bias, scale, g, static_cast<T*>(out));
-}
-template <class T>
-void row_entry_any(const float* band, const float* w, const float* bias, const float* scale,
-                   const Geometry& g, void* out) {
-  row_avx512_any<T>(band, w, bias, scale, g, static_cast<T*>(out));
 }
 
 // The row kernel for g: a tiled one for kernel widths 1 to 7 at column stride 1 or 2 (no column
@@ -272,7 +258,7 @@ RowFn pick_row(const Geometry& g) {
       return table[g.sw - 1][g.kw - 1];
     }
   }
-  return row_entry_any<T>;
+  return row_entry<T, 0, 0>;
 }
 #endif
 
@@ -416,29 +402,20 @@ Status* compute(void* kernel, KernelContext* context) {
   return run_parts(context, (total_rows + per - 1) / per, body);
 }
 
-Status* create_kernel(const CustomOp* op, const void*, const KernelInfo*, void** kernel) {
-  *kernel = const_cast<CustomOp*>(op);  // stateless: the spec is the kernel
-  return nullptr;
-}
 const char* name(const CustomOp* op) { return spec_of(op).name; }
-const char* provider(const CustomOp*) { return "CPUExecutionProvider"; }
 int input_type(const CustomOp* op, size_t index) {
   return index == 0 ? spec_of(op).type : index == 4 ? kInt64 : kFloat;
 }
 size_t input_count(const CustomOp*) { return 5; }
 int output_type(const CustomOp* op, size_t) { return spec_of(op).type; }
 size_t output_count(const CustomOp*) { return 1; }
-void destroy(void*) {}
-int required(const CustomOp*, size_t) { return 0; }
-int one(const CustomOp*) { return 1; }
-int first_opset(const CustomOp*) { return 1; }
-int last_opset(const CustomOp*) { return 1 << 30; }
 
 constexpr OpSpec make_spec(const char* op_name, int type) {
-  return OpSpec{CustomOp{kApiVersion, nullptr, name, provider, input_type, input_count,
-                         output_type, output_count, nullptr, destroy, required, required,
-                         required, one, one, one, one, create_kernel, compute, nullptr,
-                         first_opset, last_opset},
+  return OpSpec{CustomOp{kApiVersion, nullptr, name, cpu_provider, input_type, input_count,
+                         output_type, output_count, nullptr, no_destroy, required_arg,
+                         required_arg, default_memory, single_arity, single_arity, single_arity,
+                         single_arity, stateless_kernel, compute, nullptr, first_opset,
+                         last_opset},
                 op_name, type};
 }
 

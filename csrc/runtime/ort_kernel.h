@@ -104,6 +104,21 @@ Status* run_pieces(KernelContext* context, const Pieces& pieces, const Body& bod
   return run_parts(context, pieces.count, body);
 }
 
+// The callbacks every op here shares (OrtCustomOp's fields, ort_abi.h): the CPU provider, inputs
+// and outputs required, no variadic ones, a stateless kernel (the op's spec is the kernel), and
+// every opset.
+inline Status* stateless_kernel(const CustomOp* op, const void*, const KernelInfo*, void** kernel) {
+  *kernel = const_cast<CustomOp*>(op);
+  return nullptr;
+}
+inline const char* cpu_provider(const CustomOp*) { return "CPUExecutionProvider"; }
+inline void no_destroy(void*) {}
+inline int required_arg(const CustomOp*, size_t) { return 0; }
+inline int default_memory(const CustomOp*, size_t) { return 0; }
+inline int single_arity(const CustomOp*) { return 1; }
+inline int first_opset(const CustomOp*) { return 1; }
+inline int last_opset(const CustomOp*) { return 1 << 30; }
+
 // The ops of each file, for RegisterCustomOps (ort_ops.cpp).
 std::vector<const CustomOp*> lookup_ops();     // ort_lookup.cpp
 std::vector<const CustomOp*> depthwise_ops();  // ort_depthwise.cpp

@@ -406,12 +406,7 @@ const OpSpec& spec_of(const CustomOp* op) {
   return *reinterpret_cast<const OpSpec*>(op);
 }
 
-Status* create_kernel(const CustomOp* op, const void*, const KernelInfo*, void** kernel) {
-  *kernel = const_cast<CustomOp*>(op);  // stateless: the spec is the kernel
-  return nullptr;
-}
 const char* name(const CustomOp* op) { return spec_of(op).name; }
-const char* provider(const CustomOp*) { return "CPUExecutionProvider"; }
 // input 0 the table (of the output type); the rest any type, checked to be 8-bit when run
 int input_type(const CustomOp* op, size_t index) {
   return index == 0 ? spec_of(op).out_type : kUndefined;
@@ -419,17 +414,13 @@ int input_type(const CustomOp* op, size_t index) {
 size_t input_count(const CustomOp* op) { return 1 + static_cast<size_t>(spec_of(op).arity); }
 int output_type(const CustomOp* op, size_t) { return spec_of(op).out_type; }
 size_t output_count(const CustomOp*) { return 1; }
-void destroy(void*) {}
-int required(const CustomOp*, size_t) { return 0; }
-int one(const CustomOp*) { return 1; }
-int first_opset(const CustomOp*) { return 1; }
-int last_opset(const CustomOp*) { return 1 << 30; }
 
 constexpr OpSpec make_spec(const char* op_name, int out_type, int arity) {
-  return OpSpec{CustomOp{kApiVersion, nullptr, name, provider, input_type, input_count,
-                         output_type, output_count, nullptr, destroy, required, required,
-                         required, one, one, one, one, create_kernel, compute, nullptr,
-                         first_opset, last_opset},
+  return OpSpec{CustomOp{kApiVersion, nullptr, name, cpu_provider, input_type, input_count,
+                         output_type, output_count, nullptr, no_destroy, required_arg,
+                         required_arg, default_memory, single_arity, single_arity, single_arity,
+                         single_arity, stateless_kernel, compute, nullptr, first_opset,
+                         last_opset},
                 op_name, out_type, arity};
 }
 
