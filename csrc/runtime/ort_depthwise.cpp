@@ -74,8 +74,8 @@ TFL_AVX512 inline int64_t widen_avx512(const T* in, int64_t count, float zp, flo
 // Input rows [ih0, ih0 + rows) of batch item `n`, less the zero point, as floats in a
 // zero-padded band of rows of `wp` = W + pads pixels; rows outside the input are all padding.
 template <class T>
-void fill_band(const T* x, const Geometry& g, int64_t n, int64_t ih0, int64_t rows, [[maybe_unused]] bool fast,
-               float* band) {
+void fill_band(const T* x, const Geometry& g, int64_t n, int64_t ih0, int64_t rows,
+               [[maybe_unused]] bool fast, float* band) {
   const int64_t wp = g.w + g.pl + g.pr;
   const float zp = static_cast<float>(g.zp_x);
   for (int64_t r = 0; r < rows; ++r) {
@@ -289,7 +289,8 @@ void rows(const T* x, const float* w, const float* bias, const float* scale, con
 #endif
   // output rows per band: as many as keep the band within kBandBytes (at least one)
   const int64_t row_bytes = wp * g.c * static_cast<int64_t>(sizeof(float));
-  const int64_t fit = (kBandBytes / std::max<int64_t>(row_bytes, 1) - (g.kh - 1) * g.dh - 1) / g.sh + 1;
+  const int64_t band_rows = kBandBytes / std::max<int64_t>(row_bytes, 1);
+  const int64_t fit = (band_rows - (g.kh - 1) * g.dh - 1) / g.sh + 1;
   const int64_t chunk = std::max<int64_t>(1, fit);
   for (int64_t r = r0; r < r1;) {
     const int64_t n = r / g.oh, oh0 = r % g.oh;

@@ -21,7 +21,8 @@ Status* read_input(KernelContext* context, size_t index, TensorView* out, const 
   const Value* value = nullptr;
   TFL_ORT_TRY(api_fn<GetInput>(slot::kKernelContextGetInput)(context, index, &value));
   if (value == nullptr) {
-    return error(std::string("torch_fl.bpu ") + op + ": input " + std::to_string(index) + " is missing");
+    return error(std::string("torch_fl.bpu ") + op + ": input " + std::to_string(index) +
+                 " is missing");
   }
   TypeShapeInfo* info = nullptr;
   TFL_ORT_TRY(api_fn<TypeShape>(slot::kGetTensorTypeAndShape)(value, &info));
@@ -48,7 +49,8 @@ Status* make_output(KernelContext* context, const std::vector<int64_t>& dims, vo
   using Data = Status* (*)(Value*, void**);
   Value* value = nullptr;
   TFL_ORT_TRY(
-      api_fn<GetOutput>(slot::kKernelContextGetOutput)(context, 0, dims.data(), dims.size(), &value));
+      api_fn<GetOutput>(slot::kKernelContextGetOutput)(context, 0, dims.data(), dims.size(),
+                                                       &value));
   return api_fn<Data>(slot::kGetTensorMutableData)(value, data);
 }
 
