@@ -150,7 +150,8 @@ def _const(inits: dict, name: str) -> np.ndarray | None:
 def _drop_unread(model: onnx.ModelProto) -> None:
     """Drop the initializers no node reads any more (the replaced convs' int8 weights)."""
     read = {name for node in model.graph.node for name in node.input}
-    read |= {o.name for o in model.graph.output}
+    # graph inputs too: an initializer listed as an input is its default, which must stay
+    read |= {o.name for o in model.graph.output} | {i.name for i in model.graph.input}
     keep = [i for i in model.graph.initializer if i.name in read]
     del model.graph.initializer[:]
     model.graph.initializer.extend(keep)
