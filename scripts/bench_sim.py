@@ -53,6 +53,7 @@ from tests.support import ort  # noqa: E402
 from tests.support.pt2e import quantize as pt2e_quantize  # noqa: E402
 from torch_fl.bpu import report  # noqa: E402
 from torch_fl.bpu.conversion import calibration_store  # noqa: E402
+from torch_fl.bpu.conversion.depthwise import OPS as DEPTHWISE_OPS  # noqa: E402
 from torch_fl.bpu.runtime import sim_threads  # noqa: E402
 from torch_fl.bpu.runtime.executors import UNFUSED, fused_graph  # noqa: E402
 
@@ -60,7 +61,7 @@ MODELS = ("resnet18", "mobilenetv3", "vit", "transformer_encoder")
 TARGETS = {"sim_vs_ort_int8": "ort_int8", "sim_vs_ort_fp32": "ort_fp32"}
 FUSED = {"QLinearConv", "QGemm", "QLinearMatMul", "QLinearAdd", "MatMulIntegerToFloat",
          "QLinearMul", "QLinearAveragePool", "QLinearGlobalAveragePool", "QLinearSoftmax",
-         "ConvInteger", "MatMulInteger", "DynamicQuantizeMatMul"}  # fmt: skip
+         "ConvInteger", "MatMulInteger", "DynamicQuantizeMatMul", *DEPTHWISE_OPS.values()}  # fmt: skip
 
 
 def build(name: str, batch: int) -> tuple[torch.nn.Module, torch.Tensor]:
@@ -119,8 +120,8 @@ def _steady(fns: dict[str, Callable], rounds: int, settle: float = 0.0) -> dict[
     """Median ms of each variant called back to back ("steady", as an inference loop calls it):
     per round, each variant in turn gets a block: at least `settle` seconds idle, until the
     previous variant's spinning threads sleep (`_idle`), then up to `WARM_CALLS` untimed calls,
-    then up to `BLOCK_CALLS` timed ones. The rounds still interleave the variants, so drift of the machine hits each
-    alike; within a block a variant's thread pool and caches are its own, which the gapped
+    then up to `BLOCK_CALLS` timed ones. The rounds still interleave the variants, so drift of
+    the machine hits each alike; within a block a variant's thread pool and caches are its own, which the gapped
     timing never gives a multi-threaded variant on a 2-CPU host (docs/compile-models.md)."""
     samples: dict[str, list[float]] = {k: [] for k in fns}
     idle = _idle(settle)
@@ -211,19 +212,21 @@ def _session_without_lookups(runtime):
 
 
 def _fused_counts(runtime, threads: int, tmp: Path) -> dict:
-    """What ORT runs for this partition after its optimizer: fused integer vs float Q/DQ, and
-    the elementwise chains it runs as table lookups."""
+    """What ORT runs for this partition after its optimizer: fused integer vs float Q/DQ, the
+    elementwise chains it runs as table lookups and the depthwise convs on the extension's op."""
     import onnx
 
-    from torch_fl.bpu.conversion.lookups import optimized_with_lookups
+    from torch_fl.bpu.conversion.session_graph import session_graph
 
     path = runtime._exec.kernels.path
     if path == "float":
         return {"kernel_path": path}
     lookups = getattr(runtime._exec, "lookups", 0)
+    depthwise = getattr(runtime._exec, "depthwise", 0)
     graph = _integer_graph(runtime)
-    if lookups:  # the executor's own graph: ORT's optimized form with the lookups in it
-        nodes = onnx.load_from_string(optimized_with_lookups(graph, UNFUSED)[0]).graph.node
+    rewritten = session_graph(graph, UNFUSED, bool(lookups), bool(depthwise)).data
+    if rewritten is not None:  # the executor's own graph: ORT's optimized form with our ops
+        nodes = onnx.load_from_string(rewritten).graph.node
     else:
         optimized = tmp / "sim_optimized.onnx"
         _ort_session(graph.SerializeToString(), threads, str(optimized), UNFUSED)
@@ -232,6 +235,7 @@ def _fused_counts(runtime, threads: int, tmp: Path) -> dict:
     return {
         "kernel_path": path,
         "lookups": lookups,
+        "depthwise": depthwise,
         "fused_integer_nodes": sum(v for k, v in ops.items() if k in FUSED),
         "float_qdq_nodes": ops["QuantizeLinear"] + ops["DequantizeLinear"],
         "other_nodes": sum(v for k, v in ops.items() if k not in FUSED)

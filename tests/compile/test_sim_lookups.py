@@ -102,7 +102,7 @@ def test_lookups_go_into_ort_optimized_graph_with_no_transposes_of_their_own(tmp
     import onnxruntime as ort
 
     from torch_fl.bpu.conversion.integer_form import to_integer_form
-    from torch_fl.bpu.conversion.lookups import optimized_with_lookups
+    from torch_fl.bpu.conversion.session_graph import session_graph
 
     model, x = _model("activations")
     _, sims, _, _ = _run(model, x, [torch.randn(x.shape) for _ in range(2)])
@@ -117,8 +117,9 @@ def test_lookups_go_into_ort_optimized_graph_with_no_transposes_of_their_own(tmp
         graph.SerializeToString(), options, disabled_optimizers=list(executors.UNFUSED)
     )
     plain = onnx.load(str(tmp_path / "plain.onnx"))
-    optimized, count = optimized_with_lookups(graph, executors.UNFUSED)
-    looked_up = onnx.load_from_string(optimized)
+    rewritten = session_graph(graph, executors.UNFUSED, lookups=True, depthwise=False)
+    count = rewritten.lookups
+    looked_up = onnx.load_from_string(rewritten.data)
 
     def ops(m, op):
         return sum(n.op_type == op for n in m.graph.node)
@@ -132,7 +133,8 @@ def test_a_graph_with_no_chain_gets_no_optimization_pass(monkeypatch):
     import onnxruntime as ort
 
     from torch_fl.bpu.conversion.integer_form import to_integer_form
-    from torch_fl.bpu.conversion.lookups import has_chains, optimized_with_lookups
+    from torch_fl.bpu.conversion.lookups import has_chains
+    from torch_fl.bpu.conversion.session_graph import SessionGraph, session_graph
 
     model, x = build("resnet18")  # convs and Relus only: every Relu moves after its Q
     _, sims, _, _ = _run(model, x, [torch.randn(x.shape) for _ in range(2)])
@@ -146,7 +148,9 @@ def test_a_graph_with_no_chain_gets_no_optimization_pass(monkeypatch):
         raise AssertionError("an ORT session was opened for a graph with no chain")
 
     monkeypatch.setattr(ort, "InferenceSession", no_session)
-    assert optimized_with_lookups(graph, executors.UNFUSED) == (None, 0)
+    assert session_graph(graph, executors.UNFUSED, True, False) == SessionGraph(None, 0, 0)
+    # nor for one whose grouped convs are all of aligned widths (ResNet-18 has none at all)
+    assert session_graph(graph, executors.UNFUSED, True, True) == SessionGraph(None, 0, 0)
 
 
 def _reference(runtime):

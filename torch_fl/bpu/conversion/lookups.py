@@ -337,26 +337,6 @@ def compute_table(model: onnx.ModelProto, feeds: list[np.ndarray]) -> np.ndarray
     return session.run(None, dict(zip(names, feeds, strict=True)))[0]
 
 
-def optimized_with_lookups(
-    model: onnx.ModelProto, disabled: Sequence[str] = ()
-) -> tuple[bytes | None, int]:
-    """ONNX Runtime's own optimized form of `model` (`ort_optimized`), then its chains as
-    lookups (`fuse_lookups`); and how many. Open the result with graph optimizations off.
-    (None, 0) where `model` has no chain to replace: no ORT pass is spent on it (ResNet-18's
-    first call after calibrating, by hand: 0.28 to 0.37 s with that pass, 0.21 to 0.26 s with
-    this check, 0.21 to 0.24 s with lookups off).
-
-    Why after ORT's optimizer rather than before: ORT moves integer convs to NHWC and cancels the
-    transposes through the elementwise ops it knows; a lookup op it does not know, placed before,
-    gets a transpose on each side (32 in MobileNetV3: at batch 8 on 2 threads 2.6 ms of 9.2 by
-    ORT's profiler, and the session timed at 7.44 ms on 2 threads against 7.50 on 1)."""
-    if not has_chains(model):
-        return None, 0
-    optimized = ort_optimized(model, disabled)
-    count = fuse_lookups(optimized)
-    return (optimized.SerializeToString() if count else None), count
-
-
 def ort_optimized(model: onnx.ModelProto, disabled: Sequence[str] = ()) -> onnx.ModelProto:
     """ONNX Runtime's own optimized form of `model`, as its CPU session would run it (its
     fusions and layouts: NCHWc float convs, NHWC integer convs, with the transposes between them

@@ -3,8 +3,12 @@ with the extension's ops in it (conversion/lookups.py, conversion/depthwise.py).
 
 Both rewrites work on ORT's optimized form rather than on the graph it receives: there the
 integer convs already run channels-last with the transposes between them cancelled, and an op
-ORT does not know, placed before its optimizer, would get a transpose on each side. The session
-then opens the result with graph optimizations off (runtime/executors.py)."""
+ORT does not know, placed before its optimizer, would get a transpose on each side (32 around
+MobileNetV3's lookups: at batch 8 on 2 threads 2.6 ms of 9.2 by ORT's profiler, and the session
+timed at 7.44 ms on 2 threads against 7.50 on 1). The session then opens the result with graph
+optimizations off (runtime/executors.py). Where neither rewrite has anything to replace, no ORT
+pass is spent (ResNet-18's first call after calibrating, by hand: 0.28 to 0.37 s with that
+pass, 0.21 to 0.26 s with this check, 0.21 to 0.24 s with lookups off)."""
 
 from __future__ import annotations
 
