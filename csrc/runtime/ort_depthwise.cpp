@@ -1,10 +1,11 @@
 // Depthwise 8-bit convolution for the sim executor's ONNX Runtime sessions, bit-equal to ONNX
 // Runtime's own QLinearConv (channels-last, one input channel per group).
 //
-// ONNX Runtime's int8 depthwise kernel was the slowest part of MobileNetV3's integer session:
-// by its profiler, batch 1, 1 thread, a 3x3 over 88 channels at 28x28 took 67.6 us, where its
-// float NCHWc kernel does the same conv in 15.7 us. Every product and partial sum of an 8-bit
-// depthwise conv is an integer far below 2^24 (25 taps x 255 x 255 < 2^21), so float32 holds
+// ONNX Runtime's int8 depthwise kernel is slow on channel counts that are not a multiple of 16:
+// by its profiler (MobileNetV3, batch 1, 1 thread), a 3x3 over 88 channels at 28x28 took 55.4 us
+// and this op 24.2 us (docs/compile.md, *Depthwise convolutions on the extension's op*). Every
+// product and partial sum of an 8-bit depthwise conv is an integer below 2^24 (a 5x5: 25 taps x
+// 255 x 255 < 2^21; conversion/depthwise.py checks the bound per channel), so float32 holds
 // each of them exactly and the float multiply-adds give QLinearConv's own int32 accumulator;
 // then the output is requantized as MLAS does (MlasRequantizeOutput): the accumulator, bias
 // included, times the per-channel scale (x_scale * w_scale / y_scale, formed so in float32 by
@@ -201,9 +202,10 @@ inline __mmask16 tail_mask(int64_t left) {
 }
 
 // One output row, 16 channels at a time (the tail masked): in tiles for kernel width KW at column
-// stride SW, or, with KW = 0, any geometry one output pixel at a time, every operand loaded. By
-// hand (1 thread, AVX512-VNNI EPYC), with its band: a 3x3 over 88 channels at 28x28 17.8 us,
-// against 67.6 us for ORT's kernel by its profiler; a 5x5 over 240 at 14x14 31.3 against 32.5.
+// stride SW, or, with KW = 0, any geometry one output pixel at a time, every operand loaded.
+// The tiles took the 88-channel 3x3 above from 32.2 to 20.7 us, the 240-channel 5x5 at 14x14
+// from 52.9 to 27.1 us (ORT's profiler, two runs; before: four outputs at a time, every operand
+// loaded for each).
 template <class T, int KW, int SW>
 TFL_AVX512 void row_avx512(const float* band, const float* w, const float* bias,
                            const float* scale, const Geometry& g, T* out) {
@@ -271,10 +273,10 @@ bool fast_form_here() {
 }
 
 // The float band of input rows one pass converts, at most (where a single output row needs
-// more, that row's band): one the caches keep. A band of the whole input (950 KB for 72
-// channels at 56x56) made the conv slower than ORT's on a call after other work, whose caches
-// no longer held it (MobileNetV3, batch 1, 1 thread, gapped timing, by hand: the session 1.71
-// against 1.54 ms without the op).
+// more, that row's band): one the caches keep while the rows that read it run. With a band of
+// the whole input (950 KB for 72 channels at 56x56) the op gained little on the compiled
+// MobileNetV3 (batch 1, 1 thread, steady, by hand: 1.094 against 1.112 ms without the op, and
+// 1.188 against 1.211); with this bound 1.092 against 1.155.
 constexpr int64_t kBandBytes = 96 * 1024;
 
 // Output rows [r0, r1) of the N * OH rows, in bands of the input rows they read.
@@ -316,7 +318,8 @@ void rows(const T* x, const float* w, const float* bias, const float* scale, con
 }
 
 // Work for one piece: handing a piece to another thread costs ~2 us (ort_lookup.cpp), so a
-// piece is at least this many multiply-adds (~10 us by hand).
+// piece is at least this many multiply-adds (a bound chosen, not tuned: a few times that cost
+// at the tiles' speed above).
 constexpr int64_t kMinPieceWork = 1 << 18;
 
 struct OpSpec {

@@ -186,23 +186,20 @@ class Report:
             + (f" ({form})" if form else "")
             for gid, pid, n, form in lookups
         ]
+        # what the sim moved off ONNX Runtime's own kernels, per partition
+        moved = (
+            ("narrow_convs", "sim narrow convs", "integer conv{s} with few channels as exact "
+             "float convs (conversion/narrow_convs.py)"),
+            ("depthwise", "sim depthwise convs", "depthwise int8 conv{s} on the extension's "
+             "AVX-512 kernel, bit-equal to ONNX Runtime's (conversion/depthwise.py)"),
+        )  # fmt: skip
         lines += [
-            f"sim narrow convs: graph {g.graph_id} part {p.id}: {n} integer conv{'s' * (n != 1)} "
-            "with few channels as exact float convs (conversion/narrow_convs.py)"
+            f"{label}: graph {g.graph_id} part {p.id}: {n} " + what.format(s="s" * (n != 1))
+            for key, label, what in moved
             for g in self.graphs
             for p in g.partitions
             if p.sim_kernels and p.executor == "sim"
-            for n in [p.sim_kernels.get("narrow_convs", 0)]
-            if n
-        ]
-        lines += [
-            f"sim depthwise convs: graph {g.graph_id} part {p.id}: {n} depthwise int8 conv"
-            f"{'s' * (n != 1)} on the extension's AVX-512 kernel, bit-equal to ONNX Runtime's "
-            "(conversion/depthwise.py)"
-            for g in self.graphs
-            for p in g.partitions
-            if p.sim_kernels and p.executor == "sim"
-            for n in [p.sim_kernels.get("depthwise", 0)]
+            for n in [p.sim_kernels.get(key, 0)]
             if n
         ]
         return lines

@@ -4,8 +4,8 @@ ONNX Runtime runs each depthwise conv of an integer graph as a channels-last QLi
 AVX-512 kernel is fast where the channel count is a multiple of 16 and slow elsewhere: by its
 profiler (MobileNetV3, batch 1, 1 thread, AVX512-VNNI EPYC), 3x3 over 88 channels at 28x28
 55.4 us, 5x5 over 120 at 14x14 41.6 us, against 26.5 us for 5x5 over 240 at 14x14, twice the
-work. The extension's op took 24.2, 19.2 and 33.5 us there (the same run): it wins where ORT's
-kernel runs a remainder of channels and loses on whole multiples of 16 (also 144, 288, 576),
+work. The extension's op took 24.2, 19.2 and 33.5 us there (the next profiler run): it wins
+where ORT's kernel runs a remainder of channels and loses on whole multiples of 16 (also 144, 288, 576),
 so only convs with `channels % ALIGNED_CHANNELS != 0` move to it. This pass
 replaces each such node, in ORT's optimized form of the graph (where the convs already run
 channels-last and the transposes between them are gone: conversion/lookups.py), with
