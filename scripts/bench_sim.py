@@ -54,6 +54,7 @@ from tests.support.pt2e import quantize as pt2e_quantize  # noqa: E402
 from torch_fl.bpu import report  # noqa: E402
 from torch_fl.bpu.conversion import calibration_store  # noqa: E402
 from torch_fl.bpu.conversion.depthwise import OPS as DEPTHWISE_OPS  # noqa: E402
+from torch_fl.bpu.conversion.narrow_op import OPS as NARROW_OPS  # noqa: E402
 from torch_fl.bpu.runtime import sim_threads  # noqa: E402
 from torch_fl.bpu.runtime.executors import UNFUSED, fused_graph  # noqa: E402
 
@@ -61,7 +62,8 @@ MODELS = ("resnet18", "mobilenetv3", "vit", "transformer_encoder")
 TARGETS = {"sim_vs_ort_int8": "ort_int8", "sim_vs_ort_fp32": "ort_fp32"}
 FUSED = {"QLinearConv", "QGemm", "QLinearMatMul", "QLinearAdd", "MatMulIntegerToFloat",
          "QLinearMul", "QLinearAveragePool", "QLinearGlobalAveragePool", "QLinearSoftmax",
-         "ConvInteger", "MatMulInteger", "DynamicQuantizeMatMul", *DEPTHWISE_OPS.values()}  # fmt: skip
+         "ConvInteger", "MatMulInteger", "DynamicQuantizeMatMul", *DEPTHWISE_OPS.values(),
+         *NARROW_OPS.values()}  # fmt: skip
 
 
 def build(name: str, batch: int) -> tuple[torch.nn.Module, torch.Tensor]:
@@ -198,7 +200,11 @@ def _sim(model, x, calib, threads: int):
 
 def _integer_graph(runtime):
     """The partition's integer-form graph as its executor builds it, before lookups."""
-    return fused_graph(runtime.last_build.onnx_bytes, runtime._exec.kernels.path)[0]
+    executor = runtime._exec
+    model, _ = fused_graph(
+        runtime.last_build.onnx_bytes, executor.kernels.path, executor.float_narrow
+    )
+    return model
 
 
 def _session_without_lookups(runtime):
@@ -213,7 +219,8 @@ def _session_without_lookups(runtime):
 
 def _fused_counts(runtime, threads: int, tmp: Path) -> dict:
     """What ORT runs for this partition after its optimizer: fused integer vs float Q/DQ, the
-    elementwise chains it runs as table lookups and the depthwise convs on the extension's op."""
+    elementwise chains it runs as table lookups and the depthwise and narrow convs on the
+    extension's ops."""
     import onnx
 
     from torch_fl.bpu.conversion.session_graph import session_graph
@@ -223,8 +230,9 @@ def _fused_counts(runtime, threads: int, tmp: Path) -> dict:
         return {"kernel_path": path}
     lookups = getattr(runtime._exec, "lookups", 0)
     depthwise = getattr(runtime._exec, "depthwise", 0)
+    narrow = getattr(runtime._exec, "narrow_ops", 0)
     graph = _integer_graph(runtime)
-    rewritten = session_graph(graph, UNFUSED, bool(lookups), bool(depthwise)).data
+    rewritten = session_graph(graph, UNFUSED, bool(lookups), bool(depthwise), bool(narrow)).data
     if rewritten is not None:  # the executor's own graph: ORT's optimized form with our ops
         nodes = onnx.load_from_string(rewritten).graph.node
     else:
@@ -236,6 +244,7 @@ def _fused_counts(runtime, threads: int, tmp: Path) -> dict:
         "kernel_path": path,
         "lookups": lookups,
         "depthwise": depthwise,
+        "narrow_ops": narrow,
         "fused_integer_nodes": sum(v for k, v in ops.items() if k in FUSED),
         "float_qdq_nodes": ops["QuantizeLinear"] + ops["DequantizeLinear"],
         "other_nodes": sum(v for k, v in ops.items() if k not in FUSED)

@@ -14,6 +14,7 @@
 #include "runtime/device_guard.h"
 #include "runtime/fingerprint.h"
 #include "runtime/ort_depthwise.h"
+#include "runtime/ort_narrow.h"
 #include "runtime/ort_lookup.h"
 #include "runtime/hooks.h"
 #include "runtime/ucp_runtime.h"
@@ -148,6 +149,8 @@ PYBIND11_MODULE(_C, m) {
   m.def("_lookup_kernel", [] { return std::string(torch_fl::lookup_kernel()); });
   // which form the sim's depthwise conv op (csrc/runtime/ort_depthwise.cpp) uses here
   m.def("_depthwise_kernel", [] { return std::string(torch_fl::depthwise_kernel()); });
+  // which form the sim's narrow conv op (csrc/runtime/ort_narrow.cpp) uses here
+  m.def("_narrow_kernel", [] { return std::string(torch_fl::narrow_kernel()); });
 
   m.def("_device_count", [] { return static_cast<int>(torch_fl::kDeviceCount); });
   m.def("_current_device", [] { return static_cast<int>(torch_fl::current_device()); });

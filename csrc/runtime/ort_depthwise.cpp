@@ -26,10 +26,8 @@
 #include "runtime/ort_depthwise.h"
 
 #include "runtime/ort_kernel.h"
+#include "runtime/ort_requant.h"
 
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-#include <immintrin.h>
-#endif
 #include <cmath>
 #include <cstring>
 #include <type_traits>
@@ -45,9 +43,7 @@ struct Geometry {
   int64_t n, h, w, c, oh, ow;
 };
 
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-#define TFL_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,fma")))
-
+#if defined(TFL_X86_AVX512)
 bool have_avx512() {
   static const bool have = [] {
     __builtin_cpu_init();
@@ -92,7 +88,7 @@ void fill_band(const T* x, const Geometry& g, int64_t n, int64_t ih0, int64_t ro
     float* dst = out + g.pl * g.c;
     const int64_t count = g.w * g.c;
     int64_t i = 0;
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#if defined(TFL_X86_AVX512)
     if (fast) {
       i = widen_avx512(in, count, zp, dst);
     }
@@ -108,8 +104,6 @@ template <class T>
 void row_portable(const float* band, const float* w, const float* bias, const float* scale,
                   const Geometry& g, T* out) {
   const int64_t wp = g.w + g.pl + g.pr;
-  const float lo = static_cast<float>((std::is_signed<T>::value ? -128 : 0) - g.zp_y);
-  const float hi = static_cast<float>((std::is_signed<T>::value ? 127 : 255) - g.zp_y);
   for (int64_t ow = 0; ow < g.ow; ++ow) {
     for (int64_t c = 0; c < g.c; ++c) {
       float acc = bias[c];
@@ -119,22 +113,12 @@ void row_portable(const float* band, const float* w, const float* bias, const fl
           acc += px[j * g.dw * g.c] * w[(i * g.kw + j) * g.c + c];
         }
       }
-      const float r = std::min(std::max(acc * scale[c], lo), hi);
-      out[ow * g.c + c] = static_cast<T>(static_cast<int>(std::nearbyint(r)) + g.zp_y);
+      out[ow * g.c + c] = requantize<T>(acc, scale[c], g.zp_y);
     }
   }
 }
 
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-// The accumulator of 16 channels -> 16 output bytes (MLAS's requantization, as above).
-template <class T>
-TFL_AVX512 inline void store16(__m512 acc, __m512 scale, __m512 lo, __m512 hi, __m512i zp,
-                               __mmask16 mask, T* out) {
-  const __m512 r = _mm512_min_ps(_mm512_max_ps(_mm512_mul_ps(acc, scale), lo), hi);
-  const __m512i q = _mm512_add_epi32(_mm512_cvtps_epi32(r), zp);  // nearest even (MXCSR)
-  _mm_mask_storeu_epi8(out, mask, _mm512_cvtepi32_epi8(q));        // low byte: the 8-bit value
-}
-
+#if defined(TFL_X86_AVX512)
 // P output pixels of one output row, 16 channels from c0 (`m`: the tail mask), with kernel width
 // KW and column stride SW (column dilation 1): per kernel row, the (P - 1) * SW + KW input
 // vectors that the P outputs read are loaded once and each weight once, so the multiply-adds
@@ -166,8 +150,8 @@ TFL_AVX512 inline void tile(const float* band, int64_t wp, const float* w, const
 // Outputs [ow, ow + count) of the row in tiles of P, then of P / 2, ... 1.
 template <class T, int KW, int SW, int P>
 TFL_AVX512 inline void tiles(const float* band, int64_t wp, const float* w, const Geometry& g,
-                             int64_t c0, __mmask16 m, __m512 b, __m512 s, __m512 lo, __m512 hi,
-                             __m512i zp, int64_t ow, int64_t end, T* out) {
+                             int64_t c0, __mmask16 m, __m512 b, __m512 s, const Requant<T>& q,
+                             int64_t ow, int64_t end, T* out) {
   for (; ow + P <= end; ow += P) {
     __m512 acc[P];
 #pragma GCC unroll 16
@@ -177,28 +161,12 @@ TFL_AVX512 inline void tiles(const float* band, int64_t wp, const float* w, cons
     tile<KW, SW, P>(band, wp, w, g, c0, m, ow, acc);
 #pragma GCC unroll 16
     for (int o = 0; o < P; ++o) {
-      store16(acc[o], s, lo, hi, zp, m, out + (ow + o) * g.c + c0);
+      store16(acc[o], s, q, m, out + (ow + o) * g.c + c0);
     }
   }
   if constexpr (P > 1) {
-    tiles<T, KW, SW, P / 2>(band, wp, w, g, c0, m, b, s, lo, hi, zp, ow, end, out);
+    tiles<T, KW, SW, P / 2>(band, wp, w, g, c0, m, b, s, q, ow, end, out);
   }
-}
-
-// The output type's range less the zero point, and the zero point, as vectors (store16).
-template <class T>
-struct Requant {
-  __m512 lo, hi;
-  __m512i zp;
-  TFL_AVX512 explicit Requant(const Geometry& g)
-      : lo(_mm512_set1_ps(static_cast<float>((std::is_signed<T>::value ? -128 : 0) - g.zp_y))),
-        hi(_mm512_set1_ps(static_cast<float>((std::is_signed<T>::value ? 127 : 255) - g.zp_y))),
-        zp(_mm512_set1_epi32(static_cast<int>(g.zp_y))) {}
-};
-
-// The lanes of a block of 16 channels that `left` channels fill.
-inline __mmask16 tail_mask(int64_t left) {
-  return left >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << left) - 1);
 }
 
 // One output row, 16 channels at a time (the tail masked): in tiles for kernel width KW at column
@@ -210,16 +178,14 @@ template <class T, int KW, int SW>
 TFL_AVX512 void row_avx512(const float* band, const float* w, const float* bias,
                            const float* scale, const Geometry& g, T* out) {
   const int64_t wp = g.w + g.pl + g.pr;
-  const Requant<T> q(g);
+  const Requant<T> q(g.zp_y);
   for (int64_t c0 = 0; c0 < g.c; c0 += 16) {
     const __mmask16 m = tail_mask(g.c - c0);
     const __m512 b = _mm512_maskz_loadu_ps(m, bias + c0);
     const __m512 s = _mm512_maskz_loadu_ps(m, scale + c0);
-    const __m512 lo = q.lo, hi = q.hi;
-    const __m512i zp = q.zp;
     if constexpr (KW > 0) {
       // 8 outputs a tile at column stride 1, 4 at 2: up to 23 of the 32 vector registers
-      tiles<T, KW, SW, (SW == 1 ? 8 : 4)>(band, wp, w, g, c0, m, b, s, lo, hi, zp, 0, g.ow, out);
+      tiles<T, KW, SW, (SW == 1 ? 8 : 4)>(band, wp, w, g, c0, m, b, s, q, 0, g.ow, out);
     } else {
       for (int64_t ow = 0; ow < g.ow; ++ow) {
         __m512 a = b;
@@ -231,7 +197,7 @@ TFL_AVX512 void row_avx512(const float* band, const float* w, const float* bias,
                                 _mm512_maskz_loadu_ps(m, wt + j * g.c), a);
           }
         }
-        store16(a, s, lo, hi, zp, m, out + ow * g.c + c0);
+        store16(a, s, q, m, out + ow * g.c + c0);
       }
     }
   }
@@ -265,7 +231,7 @@ RowFn pick_row(const Geometry& g) {
 #endif
 
 bool fast_form_here() {
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#if defined(TFL_X86_AVX512)
   return have_avx512();
 #else
   return false;
@@ -286,26 +252,21 @@ void rows(const T* x, const float* w, const float* bias, const float* scale, con
   thread_local std::vector<float> band;
   const int64_t wp = g.w + g.pl + g.pr;
   const bool fast = g.form == 0 && fast_form_here();
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#if defined(TFL_X86_AVX512)
   const RowFn fast_row = fast ? pick_row<T>(g) : nullptr;
 #endif
   // output rows per band: as many as keep the band within kBandBytes (at least one)
   const int64_t row_bytes = wp * g.c * static_cast<int64_t>(sizeof(float));
   const int64_t band_rows = kBandBytes / std::max<int64_t>(row_bytes, 1);
-  const int64_t fit = (band_rows - (g.kh - 1) * g.dh - 1) / g.sh + 1;
-  const int64_t chunk = std::max<int64_t>(1, fit);
-  for (int64_t r = r0; r < r1;) {
-    const int64_t n = r / g.oh, oh0 = r % g.oh;
-    const int64_t oh1 = std::min({g.oh, oh0 + (r1 - r), oh0 + chunk});
-    // the input rows these output rows read: from oh0's first tap to oh1 - 1's last
-    const int64_t ih0 = oh0 * g.sh - g.pt;
-    const int64_t span = (oh1 - 1 - oh0) * g.sh + (g.kh - 1) * g.dh + 1;
+  for_each_band(r0, r1, g.oh, g.kh, g.sh, g.dh, g.pt, band_rows, [&](int64_t n, int64_t oh0,
+                                                                     int64_t oh1, int64_t ih0,
+                                                                     int64_t span) {
     band.resize(static_cast<size_t>(span * wp * g.c));
     fill_band(x, g, n, ih0, span, fast, band.data());
     for (int64_t oh = oh0; oh < oh1; ++oh) {
       const float* start = band.data() + (oh - oh0) * g.sh * wp * g.c;
       T* out = y + ((n * g.oh + oh) * g.ow) * g.c;
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#if defined(TFL_X86_AVX512)
       if (fast) {
         fast_row(start, w, bias, scale, g, out);
         continue;
@@ -313,8 +274,7 @@ void rows(const T* x, const float* w, const float* bias, const float* scale, con
 #endif
       row_portable(start, w, bias, scale, g, out);
     }
-    r += oh1 - oh0;
-  }
+  });
 }
 
 // Work for one piece: handing a piece to another thread costs ~2 us (ort_lookup.cpp), so a
@@ -322,15 +282,6 @@ void rows(const T* x, const float* w, const float* bias, const float* scale, con
 // at the tiles' speed above).
 constexpr int64_t kMinPieceWork = 1 << 18;
 
-struct OpSpec {
-  CustomOp op;  // first: ONNX Runtime passes back &op, which is also &spec
-  const char* name;
-  int type;  // of x and y
-};
-
-const OpSpec& spec_of(const CustomOp* op) {
-  return *reinterpret_cast<const OpSpec*>(op);
-}
 
 Status* check_float(const char* op, const TensorView& t, const char* what, size_t count) {
   if (t.type != kFloat || t.count != count) {
@@ -342,7 +293,7 @@ Status* check_float(const char* op, const TensorView& t, const char* what, size_
 }
 
 Status* compute(void* kernel, KernelContext* context) {
-  const OpSpec& spec = *static_cast<const OpSpec*>(kernel);
+  const TypedOp& spec = *static_cast<const TypedOp*>(kernel);
   const char* op = spec.name;
   TensorView x, w, bias, scale, geo;
   TFL_ORT_TRY(read_input(context, 0, &x, op));
@@ -406,24 +357,16 @@ Status* compute(void* kernel, KernelContext* context) {
   return run_parts(context, (total_rows + per - 1) / per, body);
 }
 
-const char* name(const CustomOp* op) { return spec_of(op).name; }
 int input_type(const CustomOp* op, size_t index) {
-  return index == 0 ? spec_of(op).type : index == 4 ? kInt64 : kFloat;
+  return index == 0 ? typed_op(op).type : index == 4 ? kInt64 : kFloat;
 }
 size_t input_count(const CustomOp*) { return 5; }
-int output_type(const CustomOp* op, size_t) { return spec_of(op).type; }
-size_t output_count(const CustomOp*) { return 1; }
-
-constexpr OpSpec make_spec(const char* op_name, int type) {
-  return OpSpec{CustomOp{kApiVersion, nullptr, name, cpu_provider, input_type, input_count,
-                         output_type, output_count, nullptr, no_destroy, required_arg,
-                         required_arg, default_memory, single_arity, single_arity, single_arity,
-                         single_arity, stateless_kernel, compute, nullptr, first_opset,
-                         last_opset},
-                op_name, type};
+constexpr TypedOp make_spec(const char* op_name, int type) {
+  return TypedOp{custom_op(typed_name, input_type, input_count, typed_output, compute), op_name,
+                 type};
 }
 
-OpSpec g_ops[] = {
+TypedOp g_ops[] = {
     make_spec("DepthwiseConvU8", kUint8),
     make_spec("DepthwiseConvI8", kInt8),
 };
@@ -432,11 +375,7 @@ OpSpec g_ops[] = {
 }  // namespace ort_depthwise
 
 std::vector<const ort::CustomOp*> ort::depthwise_ops() {
-  std::vector<const CustomOp*> out;
-  for (const ort_depthwise::OpSpec& spec : ort_depthwise::g_ops) {
-    out.push_back(&spec.op);
-  }
-  return out;
+  return ort::op_list(ort_depthwise::g_ops);
 }
 
 const char* depthwise_kernel() {

@@ -1,6 +1,7 @@
 // The plumbing every custom op of the sim's ONNX Runtime sessions shares (ort_lookup.cpp,
-// ort_depthwise.cpp): ONNX Runtime's API table, reading inputs, making the output, and splitting
-// an op's work over the session's intra-op threads. ort_ops.cpp registers the ops.
+// ort_depthwise.cpp, ort_narrow.cpp): ONNX Runtime's API table, reading inputs, making the
+// output, and splitting an op's work over the session's intra-op threads. ort_ops.cpp registers
+// the ops.
 #pragma once
 
 #include "runtime/ort_abi.h"
@@ -104,6 +105,22 @@ Status* run_pieces(KernelContext* context, const Pieces& pieces, const Body& bod
   return run_parts(context, pieces.count, body);
 }
 
+// Output rows [r0, r1) of N x OH rows (a conv's, OH per batch item), in runs whose input rows
+// fit a band of `band_rows` rows (at least one output row a run): run(n, oh0, oh1, ih0, span)
+// for output rows [oh0, oh1) of item n, which read input rows [ih0, ih0 + span) (with pads).
+template <class Run>
+void for_each_band(int64_t r0, int64_t r1, int64_t oh, int64_t kh, int64_t sh, int64_t dh,
+                   int64_t pt, int64_t band_rows, const Run& run) {
+  const int64_t chunk = std::max<int64_t>(1, (band_rows - (kh - 1) * dh - 1) / sh + 1);
+  for (int64_t r = r0; r < r1;) {
+    const int64_t n = r / oh, oh0 = r % oh;
+    const int64_t oh1 = std::min({oh, oh0 + (r1 - r), oh0 + chunk});
+    // the input rows these output rows read: from oh0's first tap to oh1 - 1's last
+    run(n, oh0, oh1, oh0 * sh - pt, (oh1 - 1 - oh0) * sh + (kh - 1) * dh + 1);
+    r += oh1 - oh0;
+  }
+}
+
 // The callbacks every op here shares (OrtCustomOp's fields, ort_abi.h): the CPU provider, inputs
 // and outputs required, no variadic ones, a stateless kernel (the op's spec is the kernel), and
 // every opset.
@@ -118,9 +135,49 @@ inline int default_memory(const CustomOp*, size_t) { return 0; }
 inline int single_arity(const CustomOp*) { return 1; }
 inline int first_opset(const CustomOp*) { return 1; }
 inline int last_opset(const CustomOp*) { return 1 << 30; }
+inline size_t one_output(const CustomOp*) { return 1; }
+
+// An op of one output with the callbacks above and its own name, inputs, output type and
+// compute.
+constexpr CustomOp custom_op(const char* (*name)(const CustomOp*),
+                             int (*input_type)(const CustomOp*, size_t),
+                             size_t (*input_count)(const CustomOp*),
+                             int (*output_type)(const CustomOp*, size_t),
+                             Status* (*compute)(void*, KernelContext*)) {
+  return CustomOp{kApiVersion,    nullptr,      name,           cpu_provider,
+                  input_type,     input_count,  output_type,    one_output,
+                  nullptr,        no_destroy,   required_arg,   required_arg,
+                  default_memory, single_arity, single_arity,   single_arity,
+                  single_arity,   stateless_kernel, compute,    nullptr,
+                  first_opset,    last_opset};
+}
+
+// The spec of an op whose 8-bit x and y share one type (ort_depthwise.cpp, ort_narrow.cpp): its
+// CustomOp first, as ONNX Runtime passes back &op, which is then also &spec.
+struct TypedOp {
+  CustomOp op;
+  const char* name;
+  int type;  // of x and y
+};
+inline const TypedOp& typed_op(const CustomOp* op) {
+  return *reinterpret_cast<const TypedOp*>(op);
+}
+inline const char* typed_name(const CustomOp* op) { return typed_op(op).name; }
+inline int typed_output(const CustomOp* op, size_t) { return typed_op(op).type; }
+
+// The ops of a table of specs whose first member is their CustomOp (each file's OpSpec).
+template <class Spec, size_t N>
+std::vector<const CustomOp*> op_list(const Spec (&specs)[N]) {
+  std::vector<const CustomOp*> out;
+  for (const Spec& spec : specs) {
+    out.push_back(&spec.op);
+  }
+  return out;
+}
 
 // The ops of each file, for RegisterCustomOps (ort_ops.cpp).
 std::vector<const CustomOp*> lookup_ops();     // ort_lookup.cpp
 std::vector<const CustomOp*> depthwise_ops();  // ort_depthwise.cpp
+std::vector<const CustomOp*> narrow_ops();     // ort_narrow.cpp
 
 }  // namespace torch_fl::ort

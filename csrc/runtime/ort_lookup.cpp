@@ -413,15 +413,10 @@ int input_type(const CustomOp* op, size_t index) {
 }
 size_t input_count(const CustomOp* op) { return 1 + static_cast<size_t>(spec_of(op).arity); }
 int output_type(const CustomOp* op, size_t) { return spec_of(op).out_type; }
-size_t output_count(const CustomOp*) { return 1; }
 
 constexpr OpSpec make_spec(const char* op_name, int out_type, int arity) {
-  return OpSpec{CustomOp{kApiVersion, nullptr, name, cpu_provider, input_type, input_count,
-                         output_type, output_count, nullptr, no_destroy, required_arg,
-                         required_arg, default_memory, single_arity, single_arity, single_arity,
-                         single_arity, stateless_kernel, compute, nullptr, first_opset,
-                         last_opset},
-                op_name, out_type, arity};
+  return OpSpec{custom_op(name, input_type, input_count, output_type, compute), op_name, out_type,
+                arity};
 }
 
 OpSpec g_ops[] = {
@@ -435,11 +430,7 @@ OpSpec g_ops[] = {
 }  // namespace
 
 std::vector<const CustomOp*> ops() {
-  std::vector<const CustomOp*> out;
-  for (const OpSpec& spec : g_ops) {
-    out.push_back(&spec.op);
-  }
-  return out;
+  return op_list(g_ops);
 }
 
 }  // namespace ort_lookup

@@ -6,7 +6,6 @@ the AVX-512 form and the plain loop; then the rewrite's limits and a compiled mo
 
 from __future__ import annotations
 
-import warnings
 import zlib
 
 import numpy as np
@@ -15,11 +14,11 @@ import pytest
 import torch
 from onnx import TensorProto, helper, numpy_helper
 
+from tests.support.sim_ops import NP, both, compiled_both_ways, conv_graph, op_session, random_input
 from torch_fl import _C
 from torch_fl.bpu.conversion.depthwise import ALIGNED_CHANNELS, OPS, candidates, rewrite_depthwise
 
 ort = pytest.importorskip("onnxruntime")
-_NP = {TensorProto.UINT8: np.uint8, TensorProto.INT8: np.int8}
 
 
 def _qlinearconv(
@@ -48,12 +47,12 @@ def _qlinearconv(
     w_scale = rng.uniform(0.001, 0.02, c if per_channel else 1).astype(np.float32)
     inits = [
         numpy_helper.from_array(np.array(rng.uniform(0.005, 0.05), np.float32), "xs"),
-        numpy_helper.from_array(np.array(zp_x, _NP[x_type]), "xz"),
+        numpy_helper.from_array(np.array(zp_x, NP[x_type]), "xz"),
         numpy_helper.from_array(weights, "w"),
         numpy_helper.from_array(w_scale if per_channel else w_scale.reshape(()), "ws"),
         numpy_helper.from_array(np.full(c, w_zp) if per_channel else np.array(w_zp), "wz"),
         numpy_helper.from_array(np.array(rng.uniform(0.002, 0.03), np.float32), "ys"),
-        numpy_helper.from_array(np.array(zp_y, _NP[x_type]), "yz"),
+        numpy_helper.from_array(np.array(zp_y, NP[x_type]), "yz"),
     ]
     inputs = ["x", "xs", "xz", "w", "ws", "wz", "ys", "yz"]
     if bias:
@@ -65,38 +64,7 @@ def _qlinearconv(
         group=c, kernel_shape=list(kernel), strides=list(strides), dilations=list(dilations),
         pads=list(pads), channels_last=1,
     )  # fmt: skip
-    graph = helper.make_graph(
-        [node], "dw",
-        [helper.make_tensor_value_info("x", x_type, list(shape))],
-        [helper.make_tensor_value_info("y", x_type, None)], inits,
-    )  # fmt: skip
-    return helper.make_model(
-        graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)]
-    )
-
-
-def _session(model: onnx.ModelProto, threads: int = 1):
-    options = ort.SessionOptions()
-    options.log_severity_level = 3
-    options.intra_op_num_threads = threads
-    options.register_custom_ops_library(_C.__file__)
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    return ort.InferenceSession(model.SerializeToString(), options, ["CPUExecutionProvider"])
-
-
-def _both(model: onnx.ModelProto, x: np.ndarray, form: int, threads: int = 1):
-    """(QLinearConv's output, the op's output, the rewritten graph's op types)."""
-    expected = _session(model, threads).run(None, {"x": x})[0]
-    rewritten = onnx.ModelProto()
-    rewritten.CopyFrom(model)
-    assert rewrite_depthwise(rewritten, form=form, every_width=True) == 1
-    got = _session(rewritten, threads).run(None, {"x": x})[0]
-    return expected, got, [n.op_type for n in rewritten.graph.node]
-
-
-def _input(rng, shape, x_type):
-    lo, hi = (0, 256) if x_type == TensorProto.UINT8 else (-128, 128)
-    return rng.integers(lo, hi, shape).astype(_NP[x_type])
+    return conv_graph([node], inits, shape, x_type)
 
 
 CASES = {
@@ -124,8 +92,10 @@ def test_op_is_qlinearconv_byte_for_byte(case, form):
     rng = np.random.default_rng(zlib.crc32(case.encode()))
     model = _qlinearconv(rng, shape, kernel, strides, dilations, pads)
     for seed in range(3):
-        x = _input(np.random.default_rng(seed), shape, TensorProto.UINT8)
-        expected, got, ops = _both(model, x, form)
+        x = random_input(np.random.default_rng(seed), shape, TensorProto.UINT8)
+        expected, got, ops = both(
+            model, x, lambda m: rewrite_depthwise(m, form=form, every_width=True)
+        )
         assert ops == ["DepthwiseConvU8"]
         assert got.dtype == expected.dtype and got.shape == expected.shape
         np.testing.assert_array_equal(got, expected)
@@ -153,8 +123,8 @@ def test_zero_points_weight_types_and_scales(quant, form):
     shape = (2, 9, 10, 24)
     model = _qlinearconv(rng, shape, (3, 3), **quant)
     x_type = quant.get("x_type", TensorProto.UINT8)
-    x = _input(rng, shape, x_type)
-    expected, got, ops = _both(model, x, form)
+    x = random_input(rng, shape, x_type)
+    expected, got, ops = both(model, x, lambda m: rewrite_depthwise(m, form=form, every_width=True))
     assert ops == [OPS[x_type]]
     np.testing.assert_array_equal(got, expected)
 
@@ -163,8 +133,10 @@ def test_split_over_two_threads_is_the_same():
     rng = np.random.default_rng(3)
     shape = (4, 30, 30, 40)  # enough work for several pieces (kMinPieceWork)
     model = _qlinearconv(rng, shape, (3, 3), strides=(2, 2))
-    x = _input(rng, shape, TensorProto.UINT8)
-    expected, got, _ = _both(model, x, form=0, threads=2)
+    x = random_input(rng, shape, TensorProto.UINT8)
+    expected, got, _ = both(
+        model, x, lambda m: rewrite_depthwise(m, form=0, every_width=True), threads=2
+    )
     np.testing.assert_array_equal(got, expected)
 
 
@@ -197,14 +169,14 @@ def test_bad_geometry_names_the_op_and_the_problem():
     values = numpy_helper.to_array(geometry).copy()
     values[2] = 0  # a stride of 0
     geometry.CopyFrom(numpy_helper.from_array(values, geometry.name))
-    session = _session(model)
+    session = op_session(model)
     with pytest.raises(Exception, match="DepthwiseConvU8: geometry out of range"):
-        session.run(None, {"x": _input(rng, (1, 6, 6, 24), TensorProto.UINT8)})
+        session.run(None, {"x": random_input(rng, (1, 6, 6, 24), TensorProto.UINT8)})
     # an input smaller than the kernel: a clear error, not a read past the input
     small = _qlinearconv(rng, (1, 2, 2, 24), (5, 5), pads=(0, 0, 0, 0))
     rewrite_depthwise(small, every_width=True)
     with pytest.raises(Exception, match="smaller than the kernel"):
-        _session(small).run(None, {"x": _input(rng, (1, 2, 2, 24), TensorProto.UINT8)})
+        op_session(small).run(None, {"x": random_input(rng, (1, 2, 2, 24), TensorProto.UINT8)})
 
 
 def test_candidates_counts_unaligned_grouped_convs():
@@ -234,27 +206,11 @@ class _Depthwise(torch.nn.Module):
 
 
 def test_compiled_model_is_unchanged_by_the_op_and_explain_counts_it():
-    from torch_fl import bpu
-    from torch_fl.bpu import report
-
     torch.manual_seed(0)
     model = _Depthwise().eval()
     x = torch.randn(2, 3, 32, 32)
     samples = [torch.randn(2, 3, 32, 32) for _ in range(3)]
-    outs, runtimes, lines = {}, {}, {}
-    for depthwise in (True, False):
-        torch._dynamo.reset()
-        options = {"executor": "sim", "sim_depthwise": depthwise, "cache": False}
-        compiled = torch.compile(model, backend="bpu", options=options)
-        with report.collect() as reps, warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            bpu.calibrate(compiled, samples)
-            with torch.no_grad():
-                outs[depthwise] = [compiled(x * scale) for scale in (1.0, 3.0, 0.2)]
-        runtimes[depthwise] = [r for g in reps for r in g.runtimes if r.kind == "sim"]
-        lines[depthwise] = [
-            line for line in report.Report(reps).table().splitlines() if "depthwise" in line
-        ]
+    outs, runtimes, lines = compiled_both_ways(model, x, samples, "sim_depthwise", "depthwise")
     sims = runtimes[True]
     if sims[0]._exec.kernels.path == "float":
         pytest.skip("no fused kernel path on this CPU: the float path has no depthwise op")
@@ -306,7 +262,7 @@ def test_requantization_scale_is_formed_in_onnx_runtimes_order(form):
         if init.name in values:
             init.CopyFrom(numpy_helper.from_array(values[init.name], init.name))
     x = np.full((1, 1, 1, channels), 129, np.uint8)  # q_x - zp_x = 1
-    expected, got, _ = _both(model, x, form)
+    expected, got, _ = both(model, x, lambda m: rewrite_depthwise(m, form=form, every_width=True))
     np.testing.assert_array_equal(got, expected)
 
 
@@ -346,13 +302,13 @@ def test_on_this_cpu_the_op_loads_and_computes_its_definition(case):
     shape, kernel, strides, dilations, pads = CASES[case]
     rng = np.random.default_rng(zlib.crc32(case.encode()))
     model = _qlinearconv(rng, shape, kernel, strides, dilations, pads)
-    x = _input(rng, shape, TensorProto.UINT8)
+    x = random_input(rng, shape, TensorProto.UINT8)
     for form in (0, 1):
         rewritten = onnx.ModelProto()
         rewritten.CopyFrom(model)
         assert rewrite_depthwise(rewritten, form=form, every_width=True) == 1
         want = _reference(rewritten, x)
         for threads in (1, 2):
-            got = _session(rewritten, threads).run(None, {"x": x})[0]
+            got = op_session(rewritten, threads).run(None, {"x": x})[0]
             np.testing.assert_array_equal(got, want)
     assert _C._depthwise_kernel() in ("avx512", "portable")

@@ -192,6 +192,8 @@ class Report:
              "float convs (conversion/narrow_convs.py)"),
             ("depthwise", "sim depthwise convs", "depthwise int8 conv{s} on the extension's "
              "AVX-512 kernel, bit-equal to ONNX Runtime's (conversion/depthwise.py)"),
+            ("narrow_ops", "sim narrow convs", "narrow int8 conv{s} on the extension's VNNI "
+             "kernel, bit-equal to ONNX Runtime's (conversion/narrow_op.py)"),
         )  # fmt: skip
         lines += [
             f"{label}: graph {g.graph_id} part {p.id}: {n} " + what.format(s="s" * (n != 1))

@@ -13,9 +13,9 @@ channels-last and the transposes between them are gone: conversion/lookups.py), 
 over the integers `q_x - zp_x` and `q_w - zp_w`, which are exact where each output channel's
 sum of |q_w - zp_w| times the largest |q_x - zp_x|, plus |bias|, stays below 2^24 (checked here
 per channel; a conv beyond it stays ORT's), then ORT's own requantization with its scale
-`x_scale * w_scale / y_scale` formed in float32 in that order. The result is QLinearConv's byte
-for byte (tests/compile/test_depthwise.py holds them equal over strides, dilations, pads, zero
-points, weight types and batch).
+`x_scale * w_scale / y_scale` formed in float32 in that order (conversion/qlinear_conv.py).
+The result is QLinearConv's byte for byte (tests/compile/test_depthwise.py holds them equal
+over strides, dilations, pads, zero points, weight types and batch).
 
 Only where the op has its AVX-512 form (`torch_fl._C._depthwise_kernel() == "avx512"`): the
 plain loop it falls back to elsewhere is exact but no faster than ORT's kernel; the executor
@@ -29,6 +29,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from torch_fl.bpu.conversion.lookups import DOMAIN
+from torch_fl.bpu.conversion.qlinear_conv import RANGE, conv_parts, drop_unread
 
 __all__ = ["ALIGNED_CHANNELS", "EXACT_BELOW", "OPS", "candidates", "rewrite_depthwise"]
 
@@ -38,7 +39,6 @@ block: see above)."""
 EXACT_BELOW = 2**24
 """Integers below this are exact in float32, and so is every sum of them that stays below it."""
 OPS = {TensorProto.UINT8: "DepthwiseConvU8", TensorProto.INT8: "DepthwiseConvI8"}
-_RANGE = {TensorProto.UINT8: (0, 255), TensorProto.INT8: (-128, 127)}
 
 
 def candidates(model: onnx.ModelProto) -> int:
@@ -76,7 +76,7 @@ def rewrite_depthwise(model: onnx.ModelProto, form: int = 0, every_width: bool =
         count += 1
     if count:
         model.graph.initializer.extend(added)
-        _drop_unread(model)
+        drop_unread(model)
         if not any(o.domain == DOMAIN for o in model.opset_import):
             model.opset_import.append(helper.make_opsetid(DOMAIN, 1))
     return count
@@ -85,73 +85,24 @@ def rewrite_depthwise(model: onnx.ModelProto, form: int = 0, every_width: bool =
 def _plan(node: onnx.NodeProto, inits: dict, every_width: bool) -> dict | None:
     """The DepthwiseConv inputs for `node`, or None where it is not a channels-last 2-D
     depthwise QLinearConv with constant parameters inside the exactness bound."""
-    if node.op_type != "QLinearConv" or node.domain != "com.microsoft":
+    conv = conv_parts(node, inits)
+    if conv is None:
         return None
-    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
-    if attrs.get("channels_last", 0) != 1 or attrs.get("auto_pad", b"NOTSET") not in (
-        b"NOTSET",
-        "NOTSET",
-    ):
-        return None
-    consts = [_const(inits, name) for name in node.input[1:]]
-    if len(node.input) not in (8, 9) or any(c is None for c in consts):
-        return None
-    x_scale, x_zp, w, w_scale, w_zp, y_scale, y_zp = consts[:7]
-    bias = consts[7] if len(consts) > 7 else np.zeros(w.shape[:1], np.int32)
-    channels = w.shape[0] if w.ndim == 4 else 0
-    group = attrs.get("group", 1)
-    if w.ndim != 4 or w.shape[1] != 1 or group != channels or channels < 2:
+    channels = conv.taps.shape[0]
+    if conv.taps.shape[1] != 1 or conv.group != channels or channels < 2:
         return None
     if channels % ALIGNED_CHANNELS == 0 and not every_width:
         return None
-    x_type = inits[node.input[2]].data_type
-    if x_type not in OPS or y_zp.dtype != x_zp.dtype or x_scale.size != 1 or y_scale.size != 1:
-        return None
-    if x_zp.size != 1 or y_zp.size != 1 or w_scale.size not in (1, channels):
-        return None
-    if w_zp.size not in (1, channels) or bias.shape != (channels,):
-        return None
-    kh, kw = w.shape[2:]
-    if list(attrs.get("kernel_shape", [kh, kw])) != [kh, kw]:
-        return None
-    strides = list(attrs.get("strides", [1, 1]))
-    dilations = list(attrs.get("dilations", [1, 1]))
-    pads = list(attrs.get("pads", [0, 0, 0, 0]))
-    if len(strides) != 2 or len(dilations) != 2 or len(pads) != 4:
-        return None
-    taps = (w.astype(np.int64) - w_zp.astype(np.int64).reshape(-1, 1, 1, 1)).reshape(channels, -1)
-    lo, hi = _RANGE[x_type]
-    zp_x = int(x_zp.reshape(()))
-    widest = max(zp_x - lo, hi - zp_x)
-    bound = np.abs(taps).sum(axis=1) * widest + np.abs(bias.astype(np.int64))
+    taps = conv.taps.reshape(channels, -1)
+    lo, hi = RANGE[conv.x_type]
+    widest = max(conv.zp_x - lo, hi - conv.zp_x)
+    bound = np.abs(taps).sum(axis=1) * widest + np.abs(conv.bias)
     if int(bound.max()) >= EXACT_BELOW:
         return None
-    # ORT's requantization scale, each step a float32 operation in its order: x * w / y
-    scale = (np.float32(x_scale.reshape(())) * w_scale.astype(np.float32).reshape(-1)) / np.float32(
-        y_scale.reshape(())
-    )
-    scale = np.broadcast_to(scale.astype(np.float32), (channels,)).copy()
-    geometry = [kh, kw, *strides, pads[0], pads[1], pads[2], pads[3], *dilations]
-    geometry += [zp_x, int(y_zp.reshape(())), 0]
     return {
-        "type": x_type,
+        "type": conv.x_type,
         "weights": np.ascontiguousarray(taps.T.astype(np.float32)),
-        "bias": bias.astype(np.float32),
-        "scale": scale,
-        "geometry": np.array(geometry, np.int64),
+        "bias": conv.bias.astype(np.float32),
+        "scale": conv.scale,
+        "geometry": np.array([*conv.geometry(), 0], np.int64),
     }
-
-
-def _const(inits: dict, name: str) -> np.ndarray | None:
-    init = inits.get(name) if name else None
-    return None if init is None else numpy_helper.to_array(init)
-
-
-def _drop_unread(model: onnx.ModelProto) -> None:
-    """Drop the initializers no node reads any more (the replaced convs' int8 weights)."""
-    read = {name for node in model.graph.node for name in node.input}
-    # graph inputs too: an initializer listed as an input is its default, which must stay
-    read |= {o.name for o in model.graph.output} | {i.name for i in model.graph.input}
-    keep = [i for i in model.graph.initializer if i.name in read]
-    del model.graph.initializer[:]
-    model.graph.initializer.extend(keep)

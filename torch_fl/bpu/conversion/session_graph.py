@@ -1,12 +1,13 @@
 """The graph a fused sim session opens: ONNX Runtime's own optimized form of the integer graph,
-with the extension's ops in it (conversion/lookups.py, conversion/depthwise.py).
+with the extension's ops in it (conversion/lookups.py, conversion/depthwise.py,
+conversion/narrow_op.py).
 
-Both rewrites work on ORT's optimized form rather than on the graph it receives: there the
+The rewrites work on ORT's optimized form rather than on the graph it receives: there the
 integer convs already run channels-last with the transposes between them cancelled, and an op
 ORT does not know, placed before its optimizer, would get a transpose on each side (32 around
 MobileNetV3's lookups: at batch 8 on 2 threads 2.6 ms of 9.2 by ORT's profiler, and the session
 timed at 7.44 ms on 2 threads against 7.50 on 1). The session then opens the result with graph
-optimizations off (runtime/executors.py). Where neither rewrite has anything to replace, no ORT
+optimizations off (runtime/executors.py). Where no rewrite has anything to replace, no ORT
 pass is spent (ResNet-18's first call after calibrating, by hand: 0.28 to 0.37 s with that
 pass, 0.21 to 0.26 s with this check, 0.21 to 0.24 s with lookups off)."""
 
@@ -19,6 +20,8 @@ import onnx
 
 from torch_fl.bpu.conversion.depthwise import candidates, rewrite_depthwise
 from torch_fl.bpu.conversion.lookups import fuse_lookups, has_chains, ort_optimized
+from torch_fl.bpu.conversion.narrow_op import candidates as narrow_candidates
+from torch_fl.bpu.conversion.narrow_op import rewrite_narrow
 
 __all__ = ["SessionGraph", "session_graph"]
 
@@ -32,20 +35,30 @@ class SessionGraph:
     """Elementwise chains now table lookups."""
     depthwise: int
     """Depthwise int8 convs now the extension's DepthwiseConv op."""
+    narrow: int = 0
+    """Int8 convs over few input channels now the extension's NarrowConv op."""
 
 
 def session_graph(
-    model: onnx.ModelProto, disabled: Sequence[str], lookups: bool, depthwise: bool
+    model: onnx.ModelProto,
+    disabled: Sequence[str],
+    lookups: bool,
+    depthwise: bool,
+    narrow: bool = False,
 ) -> SessionGraph:
     """ORT's optimized form of the integer graph `model` (without the optimizers in `disabled`)
     with its elementwise chains as lookups where `lookups`, its depthwise convs as DepthwiseConv
-    where `depthwise`. No ORT pass is spent where neither has anything to replace."""
+    where `depthwise`, its convs over few input channels as NarrowConv where `narrow`. No ORT
+    pass is spent where no rewrite has anything to replace."""
     want_lookups = lookups and has_chains(model)
     want_depthwise = depthwise and candidates(model) > 0
-    if not (want_lookups or want_depthwise):
+    want_narrow = narrow and narrow_candidates(model) > 0
+    if not (want_lookups or want_depthwise or want_narrow):
         return SessionGraph(None, 0, 0)
     optimized = ort_optimized(model, disabled)
     n_lookups = fuse_lookups(optimized) if want_lookups else 0
     n_depthwise = rewrite_depthwise(optimized) if want_depthwise else 0
-    data = optimized.SerializeToString() if n_lookups or n_depthwise else None
-    return SessionGraph(data, n_lookups, n_depthwise)
+    n_narrow = rewrite_narrow(optimized) if want_narrow else 0
+    changed = n_lookups or n_depthwise or n_narrow
+    data = optimized.SerializeToString() if changed else None
+    return SessionGraph(data, n_lookups, n_depthwise, n_narrow)

@@ -36,11 +36,14 @@ UNFUSED = ("SkipLayerNormFusion", "ConvMulFusion")
 would break the exactness of the narrow convs' float form (conversion/narrow_convs.py)."""
 
 
-def fused_graph(onnx_bytes: bytes, path: str) -> tuple[onnx.ModelProto, int]:
+def fused_graph(
+    onnx_bytes: bytes, path: str, float_narrow: bool = True
+) -> tuple[onnx.ModelProto, int]:
     """The graph the sim's integer session runs for kernel path `path`: the integer form, with
-    its narrow convs as exact float convs; and how many of those."""
+    its narrow convs as exact float convs where `float_narrow` (not where the extension's
+    NarrowConv op takes them: conversion/narrow_op.py); and how many of those."""
     model = to_integer_form(onnx.load_from_string(onnx_bytes), path)
-    return model, rewrite_narrow_convs(model)
+    return model, rewrite_narrow_convs(model) if float_narrow else 0
 
 
 LOOKUP_MIN_ORT = (1, 17)
@@ -66,6 +69,15 @@ def depthwise_kernel() -> str:
     from torch_fl import _C
 
     return _C._depthwise_kernel()
+
+
+def narrow_kernel() -> str:
+    """Which form the extension's NarrowConv op runs here: "vnni" or "portable"
+    (csrc/runtime/ort_narrow.cpp). The sim uses the op only in its VNNI form; elsewhere the
+    narrow convs' exact float form (conversion/narrow_convs.py) is the faster."""
+    from torch_fl import _C
+
+    return _C._narrow_kernel()
 
 
 class Executor(Protocol):
@@ -113,6 +125,7 @@ class SimExecutor:
         thread_candidates: Sequence[int] = (),
         lookups: bool = True,
         depthwise: bool = True,
+        narrow: bool = True,
     ) -> None:
         """`kernels`: the path of runtime/sim_kernels.py (None: float Q/DQ). `threads`: the ORT
         intra-op threads the session opens with (0: ORT's default); `thread_candidates`: the
@@ -120,7 +133,9 @@ class SimExecutor:
         `lookups`: the fused graph's elementwise chains as table lookups (conversion/lookups.py)
         where this ONNX Runtime can load the lookup ops; `depthwise`: its depthwise int8 convs
         as the extension's DepthwiseConv op (conversion/depthwise.py) where that op has its
-        AVX-512 form here."""
+        AVX-512 form here; `narrow`: its convs over few input channels as the NarrowConv op
+        (conversion/narrow_op.py) where that op has its VNNI form here, else as exact float
+        convs (conversion/narrow_convs.py)."""
         self.kernels = kernels or KernelChoice("float", "float Q/DQ")
         self.threads = threads
         self.thread_candidates = tuple(thread_candidates)
@@ -131,18 +146,28 @@ class SimExecutor:
         """How many narrow integer convs the session runs as exact float convs."""
         self.depthwise = 0
         """How many depthwise int8 convs the session runs on the extension's op."""
+        self.narrow_ops = 0
+        """How many narrow int8 convs the session runs on the extension's op."""
+        self.float_narrow = True
+        """Whether the fused graph has the narrow convs' float form (not where the op takes
+        them)."""
         if self.kernels.path != "float":
             try:
                 # the integer form ORT fuses into QLinearConv/QGemm/...; the path was probed
                 # exact on this CPU
-                model, self.narrow_convs = fused_graph(onnx_bytes, self.kernels.path)
-                if lookup_library() is not None:
+                ops = lookup_library() is not None
+                fast_narrow = ops and narrow and narrow_kernel() == "vnni"
+                self.float_narrow = not fast_narrow
+                model, self.narrow_convs = fused_graph(
+                    onnx_bytes, self.kernels.path, self.float_narrow
+                )
+                if ops:
                     fast_depthwise = depthwise and depthwise_kernel() == "avx512"
-                    self._open_rewritten(model, lookups, fast_depthwise)
-                if not (self.lookups or self.depthwise):
+                    self._open_rewritten(model, lookups, fast_depthwise, fast_narrow)
+                if not self._rewritten():
                     self._open_session(model.SerializeToString(), fused=True)
             except Exception as exc:  # noqa: BLE001  (any rejection: the float path is exact)
-                self.narrow_convs = self.lookups = self.depthwise = 0
+                self.narrow_convs = self.lookups = self.depthwise = self.narrow_ops = 0
                 why = str(exc).strip().splitlines()[0][:160] if str(exc).strip() else ""
                 self.kernels = KernelChoice(
                     "float", f"{self.kernels.path} form rejected ({type(exc).__name__}: {why})"
@@ -166,21 +191,28 @@ class SimExecutor:
         self._views: tuple[tuple[int, ...], dict] = ((), {})
         self._run = self.session.run
 
-    def _open_rewritten(self, model: onnx.ModelProto, lookups: bool, depthwise: bool) -> None:
+    def _rewritten(self) -> int:
+        """How many of the fused graph's nodes run on the extension's ops."""
+        return self.lookups + self.depthwise + self.narrow_ops
+
+    def _open_rewritten(
+        self, model: onnx.ModelProto, lookups: bool, depthwise: bool, narrow: bool
+    ) -> None:
         """Open the session on ORT's optimized form of the fused graph `model` with the
         extension's ops in it (conversion/session_graph.py); where it has nothing to replace or
-        that fails, `self.lookups` and `self.depthwise` stay 0 and ORT's own ops run it all (the
-        same numbers)."""
+        that fails, `self.lookups`, `self.depthwise` and `self.narrow_ops` stay 0 and ORT's own
+        ops run it all (the same numbers)."""
         try:
-            graph = session_graph(model, UNFUSED, lookups, depthwise)
+            graph = session_graph(model, UNFUSED, lookups, depthwise, narrow)
             if graph.data is not None:
                 self.lookups, self.depthwise = graph.lookups, graph.depthwise
+                self.narrow_ops = graph.narrow
                 self._open_session(graph.data, fused=True)
         except Exception as exc:  # noqa: BLE001  (any failure: ORT's own ops run the graph)
-            self.lookups = self.depthwise = 0
+            self.lookups = self.depthwise = self.narrow_ops = 0
             warnings.warn(
-                f"torch_fl.bpu: sim: the extension's lookup / depthwise ops could not run this "
-                f"partition ({type(exc).__name__}: {str(exc).strip()[:160]}); ONNX Runtime's "
+                "torch_fl.bpu: sim: the extension's lookup / depthwise / narrow ops could not "
+                f"run this partition ({type(exc).__name__}: {str(exc).strip()[:160]}); ONNX Runtime's "
                 "own ops run it (the same numbers, slower)",
                 stacklevel=3,
             )
@@ -215,7 +247,7 @@ class SimExecutor:
         if threads:
             options.intra_op_num_threads = threads
             options.inter_op_num_threads = 1
-        if self._fused and (self.lookups or self.depthwise):
+        if self._fused and self._rewritten():
             # an ORT-optimized graph with the extension's ops in it: optimizing it again would
             # only wrap them in transposes (conversion/session_graph.py)
             options.register_custom_ops_library(lookup_library())

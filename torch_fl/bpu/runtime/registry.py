@@ -64,6 +64,7 @@ def _make_sim(spec: PartitionSpec, settings: BpuSettings, result: BuildResult) -
         candidates if len(candidates) > 1 else (),
         lookups=settings.sim_lookups,
         depthwise=settings.sim_depthwise,
+        narrow=settings.sim_narrow_op,
     )
 
 

@@ -1,0 +1,438 @@
+// 8-bit convolution over few input channels (an image stem) for the sim executor's ONNX Runtime
+// sessions, bit-equal to ONNX Runtime's own QLinearConv, on AVX512-VNNI's byte dot products.
+//
+// ONNX Runtime runs an int8 conv as im2col rows against packed weights. With 3 input channels
+// most of each row is padding: MobileNetV3's 3x3 stem from 3 to 16 channels took 226 us of its
+// 0.84 ms session at batch 1 on 1 thread (ORT's profiler), and the exact float form of it
+// (conversion/narrow_convs.py) still about 140 us with the conversions around it. Here each
+// input pixel's (up to) 4 channels are one 32-bit word, and `vpdpbusd` multiplies the word,
+// broadcast, with 16 output channels' 4 weights and adds the 4 products into each channel's
+// int32: one instruction per kernel tap for 16 outputs. The accumulator is QLinearConv's own
+// integer, sum((q_x - zp_x) * (q_w - zp_w)) + bias, computed as sum(q_x * w) + (bias - zp_x *
+// sum(w)) (padding reads zp_x, as ORT pads), exact in int32 (at most 4 x 255 x 128 per tap);
+// then ORT's requantization (ort_requant.h).
+//
+// Op, in domain "torch_fl.bpu", named by the 8-bit type of x and y:
+//   NarrowConv<U8|I8>(x, weights, bias, scale, geometry) -> y
+//     x         [N, H, W, C] (layout 0) or [N, C, H, W] (layout 1), uint8 / int8, C <= 4
+//     weights   [KH * KW, CO16, 4] int8: w - w_zero_point, tap-major; the output channels
+//               padded to CO16 (a multiple of 16), the input channels to 4, with zeros
+//     bias      [CO] int32: QLinearConv's bias (0 where it has none)
+//     scale     [CO] float: the requantization scale
+//     geometry  [15] int64: KH, KW, stride h, w, pads top, left, bottom, right, dilation h, w,
+//               x zero point, y zero point, CO, layout, form (0: the fastest form here; 1: the
+//               plain loop, for tests that compare the two)
+//     y         [N, OH, OW, CO] of x's type (channels last)
+// conversion/narrow_op.py writes it where the CPU has AVX512-VNNI (`_narrow_kernel()`).
+#include "runtime/ort_narrow.h"
+
+#include "runtime/ort_kernel.h"
+#include "runtime/ort_requant.h"
+
+#include <cstring>
+#include <type_traits>
+
+namespace torch_fl {
+namespace ort_narrow {
+namespace {
+
+using namespace torch_fl::ort;
+
+constexpr int kLanes = 4;  // input channels in one 32-bit word
+
+struct Geometry {
+  int64_t kh, kw, sh, sw, pt, pl, pb, pr, dh, dw, zp_x, zp_y, co, layout, form;
+  int64_t n, c, h, w, oh, ow, co16;
+};
+
+// The byte an input value becomes in the band: the value itself (uint8), or shifted by 128 into
+// uint8 (int8), for vpdpbusd's unsigned operand; the zero point moves with it.
+template <class T>
+inline uint8_t as_unsigned(T v) {
+  return static_cast<uint8_t>(std::is_signed<T>::value ? (static_cast<int>(v) + 128) : v);
+}
+
+template <class T>
+inline int64_t unsigned_zp(int64_t zp) {
+  return std::is_signed<T>::value ? zp + 128 : zp;
+}
+
+// `word` with byte `ci` set to v's band byte.
+template <class T>
+inline uint32_t with_byte(uint32_t word, int64_t ci, T v) {
+  const int shift = static_cast<int>(8 * ci);
+  return (word & ~(0xFFu << shift)) | (uint32_t{as_unsigned(v)} << shift);
+}
+
+// Input rows [ih0, ih0 + rows) of batch item `n` as 32-bit words of 4 channel bytes, in a band
+// of rows of `wp` = W + pads pixels; padding (and rows outside the input) read the zero point.
+// Channels past C read the zero point too (their weights are zero).
+template <class T>
+void fill_band(const T* x, const Geometry& g, int64_t n, int64_t ih0, int64_t rows,
+               uint32_t* band) {
+  const int64_t wp = g.w + g.pl + g.pr;
+  const uint32_t zp = static_cast<uint32_t>(unsigned_zp<T>(g.zp_x));
+  const uint32_t pad = zp * 0x01010101u;
+  for (int64_t r = 0; r < rows; ++r) {
+    uint32_t* out = band + r * wp;
+    const int64_t ih = ih0 + r;
+    if (ih < 0 || ih >= g.h) {
+      std::fill(out, out + wp, pad);
+      continue;
+    }
+    std::fill(out, out + g.pl, pad);
+    std::fill(out + g.pl + g.w, out + wp, pad);
+    uint32_t* dst = out + g.pl;
+    if (g.layout == 0) {  // [N, H, W, C]
+      const T* in = x + ((n * g.h + ih) * g.w) * g.c;
+      for (int64_t iw = 0; iw < g.w; ++iw) {
+        uint32_t word = pad;
+        for (int64_t ci = 0; ci < g.c; ++ci) {
+          word = with_byte(word, ci, in[iw * g.c + ci]);
+        }
+        dst[iw] = word;
+      }
+      continue;
+    }
+    // [N, C, H, W]: the row of each plane
+    const T* plane[kLanes];
+    for (int64_t ci = 0; ci < g.c; ++ci) {
+      plane[ci] = x + ((n * g.c + ci) * g.h + ih) * g.w;
+    }
+    int64_t iw = 0;
+#if defined(TFL_X86_AVX512)
+    // 16 pixels at a time: the planes' bytes interleaved into words (SSE2, on every x86-64)
+    const __m128i flip = _mm_set1_epi8(std::is_signed<T>::value ? static_cast<char>(0x80) : 0);
+    const __m128i zv = _mm_set1_epi8(static_cast<char>(zp));
+    for (; iw + 16 <= g.w; iw += 16) {
+      __m128i p[kLanes];
+      for (int ci = 0; ci < kLanes; ++ci) {
+        p[ci] = ci < g.c ? _mm_xor_si128(_mm_loadu_si128(
+                                             reinterpret_cast<const __m128i*>(plane[ci] + iw)),
+                                         flip)
+                         : zv;
+      }
+      const __m128i lo01 = _mm_unpacklo_epi8(p[0], p[1]), hi01 = _mm_unpackhi_epi8(p[0], p[1]);
+      const __m128i lo23 = _mm_unpacklo_epi8(p[2], p[3]), hi23 = _mm_unpackhi_epi8(p[2], p[3]);
+      __m128i* o = reinterpret_cast<__m128i*>(dst + iw);
+      _mm_storeu_si128(o + 0, _mm_unpacklo_epi16(lo01, lo23));
+      _mm_storeu_si128(o + 1, _mm_unpackhi_epi16(lo01, lo23));
+      _mm_storeu_si128(o + 2, _mm_unpacklo_epi16(hi01, hi23));
+      _mm_storeu_si128(o + 3, _mm_unpackhi_epi16(hi01, hi23));
+    }
+#endif
+    for (; iw < g.w; ++iw) {
+      uint32_t word = pad;
+      for (int64_t ci = 0; ci < g.c; ++ci) {
+        word = with_byte(word, ci, plane[ci][iw]);
+      }
+      dst[iw] = word;
+    }
+  }
+}
+
+// One output row from its band (band row 0 is the row of tap 0), the plain loop. `corr` is the
+// bias less the zero point's share (above), per output channel.
+template <class T>
+void row_portable(const uint32_t* band, const int8_t* w, const int32_t* corr,
+                  const float* scale, const Geometry& g, T* out) {
+  const int64_t wp = g.w + g.pl + g.pr;
+  for (int64_t ow = 0; ow < g.ow; ++ow) {
+    for (int64_t o = 0; o < g.co; ++o) {
+      uint32_t acc = static_cast<uint32_t>(corr[o]);  // int32 arithmetic, wrapping as MLAS's
+      for (int64_t i = 0; i < g.kh; ++i) {
+        const uint32_t* px = band + (i * g.dh) * wp + ow * g.sw;
+        for (int64_t j = 0; j < g.kw; ++j) {
+          const uint32_t word = px[j * g.dw];
+          const int8_t* wt = w + ((i * g.kw + j) * g.co16 + o) * kLanes;
+          for (int k = 0; k < kLanes; ++k) {
+            acc += static_cast<uint32_t>(static_cast<int32_t>((word >> (8 * k)) & 0xFF) * wt[k]);
+          }
+        }
+      }
+      out[ow * g.co + o] =
+          requantize<T>(static_cast<float>(static_cast<int32_t>(acc)), scale[o], g.zp_y);
+    }
+  }
+}
+
+#if defined(TFL_X86_AVX512)
+#define TFL_VNNI __attribute__((target("avx512f,avx512bw,avx512vl,fma,avx512vnni")))
+
+bool have_vnni() {
+  static const bool have = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
+  }();
+  return have;
+}
+
+// P output pixels from `ow`, NB blocks of 16 output channels: per tap, each pixel's input word
+// broadcast once and each block's weights loaded once (P x NB accumulators).
+template <class T, int NB, int P>
+TFL_VNNI inline void tile(const uint32_t* band, int64_t wp, const int8_t* w, const __m512i* corr,
+                          const __m512* scale, const Requant<T>& q, const Geometry& g,
+                          int64_t ow, T* out) {
+  __m512i acc[P][NB];
+#pragma GCC unroll 8
+  for (int o = 0; o < P; ++o) {
+#pragma GCC unroll 4
+    for (int b = 0; b < NB; ++b) {
+      acc[o][b] = corr[b];
+    }
+  }
+  for (int64_t i = 0; i < g.kh; ++i) {
+    const int32_t* row = reinterpret_cast<const int32_t*>(band + (i * g.dh) * wp + ow * g.sw);
+    for (int64_t j = 0; j < g.kw; ++j) {
+      const int8_t* wt = w + (i * g.kw + j) * g.co16 * kLanes;
+      __m512i wv[NB];
+#pragma GCC unroll 4
+      for (int b = 0; b < NB; ++b) {
+        wv[b] = _mm512_loadu_si512(wt + b * 16 * kLanes);
+      }
+      const int32_t* px = row + j * g.dw;
+#pragma GCC unroll 8
+      for (int o = 0; o < P; ++o) {
+        const __m512i x = _mm512_set1_epi32(px[o * g.sw]);
+#pragma GCC unroll 4
+        for (int b = 0; b < NB; ++b) {
+          acc[o][b] = _mm512_dpbusd_epi32(acc[o][b], x, wv[b]);
+        }
+      }
+    }
+  }
+#pragma GCC unroll 8
+  for (int o = 0; o < P; ++o) {
+#pragma GCC unroll 4
+    for (int b = 0; b < NB; ++b) {
+      store16(_mm512_cvtepi32_ps(acc[o][b]), scale[b], q, tail_mask(g.co - 16 * b),
+              out + (ow + o) * g.co + 16 * b);
+    }
+  }
+}
+
+// One output row: tiles of P pixels, then of P / 2, ... 1.
+template <class T, int NB, int P>
+TFL_VNNI void tiles(const uint32_t* band, int64_t wp, const int8_t* w, const __m512i* corr,
+                    const __m512* scale, const Requant<T>& q, const Geometry& g, int64_t ow,
+                    T* out) {
+  for (; ow + P <= g.ow; ow += P) {
+    tile<T, NB, P>(band, wp, w, corr, scale, q, g, ow, out);
+  }
+  if constexpr (P > 1) {
+    tiles<T, NB, P / 2>(band, wp, w, corr, scale, q, g, ow, out);
+  }
+}
+
+template <class T, int NB>
+TFL_VNNI void row_vnni(const uint32_t* band, const int8_t* w, const int32_t* corr,
+                       const float* scale, const Geometry& g, T* out) {
+  __m512i cv[NB];
+  __m512 sv[NB];
+  for (int b = 0; b < NB; ++b) {
+    const __mmask16 m = tail_mask(g.co - 16 * b);
+    cv[b] = _mm512_maskz_loadu_epi32(m, corr + 16 * b);
+    sv[b] = _mm512_maskz_loadu_ps(m, scale + 16 * b);
+  }
+  const Requant<T> q(g.zp_y);
+  // 8 accumulators for one block, 8 for two, 12 for three and 16 for four, of 32 registers
+  constexpr int P = NB == 1 ? 8 : NB == 2 ? 4 : 4;
+  tiles<T, NB, P>(band, g.w + g.pl + g.pr, w, cv, sv, q, g, 0, out);
+}
+
+using RowFn = void (*)(const uint32_t*, const int8_t*, const int32_t*, const float*,
+                       const Geometry&, void*);
+
+template <class T, int NB>
+void row_entry(const uint32_t* band, const int8_t* w, const int32_t* corr, const float* scale,
+               const Geometry& g, void* out) {
+  row_vnni<T, NB>(band, w, corr, scale, g, static_cast<T*>(out));
+}
+
+template <class T>
+RowFn pick_row(const Geometry& g) {
+  static const RowFn table[4] = {row_entry<T, 1>, row_entry<T, 2>, row_entry<T, 3>,
+                                 row_entry<T, 4>};
+  return table[g.co16 / 16 - 1];
+}
+#endif
+
+bool fast_form_here() {
+#if defined(TFL_X86_AVX512)
+  return have_vnni();
+#else
+  return false;
+#endif
+}
+
+// Output channels the fast form handles (four blocks of 16: conversion/narrow_op.py's bound).
+constexpr int64_t kMaxOutputs = 64;
+
+// The band of input rows one pass fills, at most (where one output row needs more, that row's
+// band): as ort_depthwise.cpp's, one the caches keep while the rows that read it run.
+constexpr int64_t kBandBytes = 96 * 1024;
+
+// Output rows [r0, r1) of the N * OH rows, in bands of the input rows they read.
+template <class T>
+void rows(const T* x, const int8_t* w, const int32_t* corr, const float* scale,
+          const Geometry& g, int64_t r0, int64_t r1, T* y) {
+  thread_local std::vector<uint32_t> band;
+  const int64_t wp = g.w + g.pl + g.pr;
+  const bool fast = g.form == 0 && fast_form_here();
+#if defined(TFL_X86_AVX512)
+  const RowFn fast_row = fast ? pick_row<T>(g) : nullptr;
+#endif
+  const int64_t band_rows = kBandBytes / std::max<int64_t>(wp * 4, 1);
+  for_each_band(r0, r1, g.oh, g.kh, g.sh, g.dh, g.pt, band_rows, [&](int64_t n, int64_t oh0,
+                                                                     int64_t oh1, int64_t ih0,
+                                                                     int64_t span) {
+    band.resize(static_cast<size_t>(span * wp));
+    fill_band(x, g, n, ih0, span, band.data());
+    for (int64_t oh = oh0; oh < oh1; ++oh) {
+      const uint32_t* start = band.data() + (oh - oh0) * g.sh * wp;
+      T* out = y + ((n * g.oh + oh) * g.ow) * g.co;
+#if defined(TFL_X86_AVX512)
+      if (fast) {
+        fast_row(start, w, corr, scale, g, out);
+        continue;
+      }
+#endif
+      row_portable(start, w, corr, scale, g, out);
+    }
+  });
+}
+
+// Work for one piece, in 4-channel multiply-adds: as ort_depthwise.cpp's bound (chosen, not
+// tuned).
+constexpr int64_t kMinPieceWork = 1 << 18;
+
+
+Status* fail(const char* op, const std::string& what) {
+  return error(std::string("torch_fl.bpu ") + op + ": " + what);
+}
+
+Status* compute(void* kernel, KernelContext* context) {
+  const TypedOp& spec = *static_cast<const TypedOp*>(kernel);
+  const char* op = spec.name;
+  TensorView x, w, bias, scale, geo;
+  TFL_ORT_TRY(read_input(context, 0, &x, op));
+  TFL_ORT_TRY(read_input(context, 1, &w, op));
+  TFL_ORT_TRY(read_input(context, 2, &bias, op));
+  TFL_ORT_TRY(read_input(context, 3, &scale, op));
+  TFL_ORT_TRY(read_input(context, 4, &geo, op));
+  if (geo.type != kInt64 || geo.count != 15) {
+    return fail(op, "geometry must be 15 int64 values");
+  }
+  const int64_t* v = static_cast<const int64_t*>(geo.data);
+  Geometry g{v[0], v[1], v[2],  v[3],  v[4],  v[5], v[6], v[7], v[8], v[9], v[10],
+             v[11], v[12], v[13], v[14], 0, 0, 0, 0, 0, 0, 0};
+  if (x.type != spec.type || x.dims.size() != 4 || g.layout < 0 || g.layout > 1) {
+    return fail(op, std::string("x must be a 4-D tensor of ") +
+                        (spec.type == kUint8 ? "uint8" : "int8") + " and layout 0 or 1, got " +
+                        shape_text(x.dims) + " of ONNX element type " + std::to_string(x.type));
+  }
+  g.n = x.dims[0];
+  g.c = g.layout == 0 ? x.dims[3] : x.dims[1];
+  g.h = g.layout == 0 ? x.dims[1] : x.dims[2];
+  g.w = g.layout == 0 ? x.dims[2] : x.dims[3];
+  const int64_t lo = spec.type == kUint8 ? 0 : -128, hi = spec.type == kUint8 ? 255 : 127;
+  if (g.kh < 1 || g.kw < 1 || g.sh < 1 || g.sw < 1 || g.dh < 1 || g.dw < 1 || g.pt < 0 ||
+      g.pl < 0 || g.pb < 0 || g.pr < 0 || g.zp_x < lo || g.zp_x > hi || g.zp_y < lo ||
+      g.zp_y > hi || g.form < 0 || g.form > 1 || g.co < 1 || g.co > kMaxOutputs) {
+    return fail(op, "geometry out of range (kernel, strides and dilations >= 1, pads >= 0, zero "
+                    "points in the 8-bit type's range, 1 to 64 outputs, form 0 or 1)");
+  }
+  if (g.c < 1 || g.c > kLanes) {
+    return fail(op, "x must have 1 to 4 channels, got " + shape_text(x.dims));
+  }
+  if (g.h + g.pt + g.pb < (g.kh - 1) * g.dh + 1 || g.w + g.pl + g.pr < (g.kw - 1) * g.dw + 1) {
+    return fail(op, "the padded input " + shape_text(x.dims) + " is smaller than the kernel");
+  }
+  g.oh = (g.h + g.pt + g.pb - (g.kh - 1) * g.dh - 1) / g.sh + 1;
+  g.ow = (g.w + g.pl + g.pr - (g.kw - 1) * g.dw - 1) / g.sw + 1;
+  g.co16 = (g.co + 15) / 16 * 16;
+  const int64_t taps = g.kh * g.kw;
+  if (w.type != kInt8 || w.count != static_cast<size_t>(taps * g.co16 * kLanes)) {
+    return fail(op, "weights must be " + std::to_string(taps * g.co16 * kLanes) +
+                        " int8 values ([KH * KW, CO16, 4]), got " + std::to_string(w.count));
+  }
+  if (bias.type != kInt32 || bias.count != static_cast<size_t>(g.co)) {
+    return fail(op, "bias must be " + std::to_string(g.co) + " int32 values");
+  }
+  if (scale.type != kFloat || scale.count != static_cast<size_t>(g.co)) {
+    return fail(op, "scale must be " + std::to_string(g.co) + " floats");
+  }
+  const int8_t* wt = static_cast<const int8_t*>(w.data);
+  // bias less zp_x * sum(w) per output channel (int32, wrapping as MLAS's sums); the weights of
+  // the padding channels must be zero, as the band holds the zero point there
+  const int64_t zp =
+      spec.type == kUint8 ? unsigned_zp<uint8_t>(g.zp_x) : unsigned_zp<int8_t>(g.zp_x);
+  std::vector<int32_t> corr(static_cast<size_t>(g.co));
+  for (int64_t o = 0; o < g.co; ++o) {
+    uint32_t sum = 0;
+    for (int64_t t = 0; t < taps; ++t) {
+      for (int64_t k = 0; k < kLanes; ++k) {
+        const int8_t value = wt[(t * g.co16 + o) * kLanes + k];
+        if (k >= g.c && value != 0) {
+          return fail(op, "weights of the padding input channels must be zero");
+        }
+        sum += static_cast<uint32_t>(static_cast<int32_t>(value));
+      }
+    }
+    const uint32_t b = static_cast<uint32_t>(static_cast<const int32_t*>(bias.data)[o]);
+    corr[static_cast<size_t>(o)] = static_cast<int32_t>(b - static_cast<uint32_t>(zp) * sum);
+  }
+  void* out = nullptr;
+  TFL_ORT_TRY(make_output(context, {g.n, g.oh, g.ow, g.co}, &out));
+  const int64_t total_rows = g.n * g.oh;
+  if (total_rows == 0 || g.ow == 0) {
+    return nullptr;
+  }
+  const int64_t row_work = g.ow * g.co16 * taps;
+  const int64_t want = std::max<int64_t>(
+      1, std::min<int64_t>({kMaxPieces, total_rows, total_rows * row_work / kMinPieceWork}));
+  const int64_t per = (total_rows + want - 1) / want;
+  const float* sf = static_cast<const float*>(scale.data);
+  const int32_t* cf = corr.data();
+  const auto body = [&](int64_t i) {
+    const int64_t r0 = i * per, r1 = std::min(total_rows, r0 + per);
+    if (r0 >= r1) {
+      return;
+    }
+    if (spec.type == kUint8) {
+      rows(static_cast<const uint8_t*>(x.data), wt, cf, sf, g, r0, r1, static_cast<uint8_t*>(out));
+    } else {
+      rows(static_cast<const int8_t*>(x.data), wt, cf, sf, g, r0, r1, static_cast<int8_t*>(out));
+    }
+  };
+  return run_parts(context, (total_rows + per - 1) / per, body);
+}
+
+int input_type(const CustomOp* op, size_t index) {
+  static const int types[] = {kUndefined, kInt8, kInt32, kFloat, kInt64};
+  return index == 0 ? typed_op(op).type : types[index];
+}
+size_t input_count(const CustomOp*) { return 5; }
+constexpr TypedOp make_spec(const char* op_name, int type) {
+  return TypedOp{custom_op(typed_name, input_type, input_count, typed_output, compute), op_name,
+                 type};
+}
+
+TypedOp g_ops[] = {
+    make_spec("NarrowConvU8", kUint8),
+    make_spec("NarrowConvI8", kInt8),
+};
+
+}  // namespace
+}  // namespace ort_narrow
+
+std::vector<const ort::CustomOp*> ort::narrow_ops() {
+  return ort::op_list(ort_narrow::g_ops);
+}
+
+const char* narrow_kernel() {
+  return ort_narrow::fast_form_here() ? "vnni" : "portable";
+}
+
+}  // namespace torch_fl

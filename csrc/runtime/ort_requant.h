@@ -1,0 +1,59 @@
+// ONNX Runtime's requantization of an 8-bit convolution's accumulator (MLAS's
+// MlasRequantizeOutput), as the sim's conv ops write their outputs (ort_depthwise.cpp,
+// ort_narrow.cpp): the accumulator, bias included, as a float times the per-channel scale
+// (x_scale * w_scale / y_scale, formed so in float32 by torch_fl/bpu/conversion/qlinear_conv.py),
+// clamped to the output type's range less the zero point, rounded to nearest even, plus the zero
+// point. Both ops are held to ORT's own QLinearConv byte for byte by their tests.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <type_traits>
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
+#define TFL_X86_AVX512 1
+#endif
+
+namespace torch_fl::ort {
+
+// The plain form, one output: `acc` the accumulator (exact in float: see each op).
+template <class T>
+inline T requantize(float acc, float scale, int64_t zp) {
+  const float lo = static_cast<float>((std::is_signed<T>::value ? -128 : 0) - zp);
+  const float hi = static_cast<float>((std::is_signed<T>::value ? 127 : 255) - zp);
+  const float r = std::min(std::max(acc * scale, lo), hi);
+  return static_cast<T>(static_cast<int>(std::nearbyint(r)) + zp);
+}
+
+#if defined(TFL_X86_AVX512)
+#define TFL_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,fma")))
+
+// The output type's range less the zero point, and the zero point, as vectors (store16).
+template <class T>
+struct Requant {
+  __m512 lo, hi;
+  __m512i zp;
+  TFL_AVX512 explicit Requant(int64_t zp_y)
+      : lo(_mm512_set1_ps(static_cast<float>((std::is_signed<T>::value ? -128 : 0) - zp_y))),
+        hi(_mm512_set1_ps(static_cast<float>((std::is_signed<T>::value ? 127 : 255) - zp_y))),
+        zp(_mm512_set1_epi32(static_cast<int>(zp_y))) {}
+};
+
+// The accumulators of 16 channels -> 16 output bytes (the lanes of `mask`).
+template <class T>
+TFL_AVX512 inline void store16(__m512 acc, __m512 scale, const Requant<T>& q, __mmask16 mask,
+                               T* out) {
+  const __m512 r = _mm512_min_ps(_mm512_max_ps(_mm512_mul_ps(acc, scale), q.lo), q.hi);
+  const __m512i v = _mm512_add_epi32(_mm512_cvtps_epi32(r), q.zp);  // nearest even (MXCSR)
+  _mm_mask_storeu_epi8(out, mask, _mm512_cvtepi32_epi8(v));         // low byte: the 8-bit value
+}
+
+// The lanes of a block of 16 channels that `left` channels fill.
+inline __mmask16 tail_mask(int64_t left) {
+  return left >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << left) - 1);
+}
+#endif
+
+}  // namespace torch_fl::ort

@@ -1,0 +1,86 @@
+"""What the tests of the sim's own ONNX Runtime conv ops share (tests/compile/test_depthwise.py,
+test_narrow_op.py): a one-node QLinearConv graph, sessions that load the extension's ops, random
+8-bit inputs, the op against ORT's own node, and a compiled model run with the op's option on
+and off."""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+
+import numpy as np
+import onnx
+import torch
+from onnx import TensorProto, helper
+
+NP = {TensorProto.UINT8: np.uint8, TensorProto.INT8: np.int8}
+"""numpy's type for each 8-bit ONNX element type."""
+
+
+def conv_graph(nodes: list, inits: list, shape, x_type: int) -> onnx.ModelProto:
+    """A model of `nodes` from input "x" (of `shape` and `x_type`) to output "y"."""
+    graph = helper.make_graph(
+        nodes, "conv",
+        [helper.make_tensor_value_info("x", x_type, list(shape))],
+        [helper.make_tensor_value_info("y", x_type, None)], inits,
+    )  # fmt: skip
+    return helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)]
+    )
+
+
+def op_session(model: onnx.ModelProto, threads: int = 1):
+    """A session of `model` as it stands (no ORT optimization) with the extension's ops."""
+    import onnxruntime as ort
+
+    from torch_fl import _C
+
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    options.intra_op_num_threads = threads
+    options.register_custom_ops_library(_C.__file__)
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    return ort.InferenceSession(model.SerializeToString(), options, ["CPUExecutionProvider"])
+
+
+def random_input(rng: np.random.Generator, shape, x_type: int) -> np.ndarray:
+    lo, hi = (0, 256) if x_type == TensorProto.UINT8 else (-128, 128)
+    return rng.integers(lo, hi, shape).astype(NP[x_type])
+
+
+def both(
+    model: onnx.ModelProto, x: np.ndarray, rewrite: Callable[[onnx.ModelProto], int], threads=1
+) -> tuple[np.ndarray, np.ndarray, list[str]]:
+    """(ORT's output for `model`, the output once `rewrite` replaced its one node, the rewritten
+    graph's op types)."""
+    expected = op_session(model, threads).run(None, {"x": x})[0]
+    rewritten = onnx.ModelProto()
+    rewritten.CopyFrom(model)
+    assert rewrite(rewritten) == 1
+    got = op_session(rewritten, threads).run(None, {"x": x})[0]
+    return expected, got, [n.op_type for n in rewritten.graph.node]
+
+
+def compiled_both_ways(
+    model: torch.nn.Module, x: torch.Tensor, samples: list, option: str, word: str
+) -> tuple[dict, dict, dict]:
+    """(outputs, sim runtimes, explain() lines naming `word`), each keyed by the option's value:
+    the model compiled with executor="sim" and `option` True and False, calibrated on `samples`,
+    then run on `x` at three scales."""
+    from torch_fl import bpu
+    from torch_fl.bpu import report
+
+    outs, runtimes, lines = {}, {}, {}
+    for value in (True, False):
+        torch._dynamo.reset()
+        options = {"executor": "sim", option: value, "cache": False}
+        compiled = torch.compile(model, backend="bpu", options=options)
+        with report.collect() as reps, warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            bpu.calibrate(compiled, samples)
+            with torch.no_grad():
+                outs[value] = [compiled(x * scale) for scale in (1.0, 3.0, 0.2)]
+        runtimes[value] = [r for g in reps for r in g.runtimes if r.kind == "sim"]
+        table = report.Report(reps).table()
+        lines[value] = [line for line in table.splitlines() if word in line]
+    return outs, runtimes, lines
