@@ -1,7 +1,7 @@
 // The plumbing every custom op of the sim's ONNX Runtime sessions shares (ort_lookup.cpp,
-// ort_depthwise.cpp, ort_narrow.cpp): ONNX Runtime's API table, reading inputs, making the
-// output, and splitting an op's work over the session's intra-op threads. ort_ops.cpp registers
-// the ops.
+// ort_depthwise.cpp, ort_narrow.cpp, ort_mean.cpp): ONNX Runtime's API table, reading inputs,
+// making the output, and splitting an op's work over the session's intra-op threads. ort_ops.cpp
+// registers the ops.
 #pragma once
 
 #include "runtime/ort_abi.h"
@@ -179,5 +179,6 @@ std::vector<const CustomOp*> op_list(const Spec (&specs)[N]) {
 std::vector<const CustomOp*> lookup_ops();     // ort_lookup.cpp
 std::vector<const CustomOp*> depthwise_ops();  // ort_depthwise.cpp
 std::vector<const CustomOp*> narrow_ops();     // ort_narrow.cpp
+std::vector<const CustomOp*> mean_ops();       // ort_mean.cpp
 
 }  // namespace torch_fl::ort

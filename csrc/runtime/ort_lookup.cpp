@@ -82,33 +82,74 @@ __attribute__((target("avx512f,avx512bw,avx512vbmi"))) inline __m512i join_quart
                          _mm512_or_si512(_mm512_slli_epi32(b2, 16), _mm512_slli_epi32(b3, 24)));
 }
 
-__attribute__((target("avx512f,avx512bw,avx512vbmi,bmi2"))) void lookup_floats_vbmi(
-    const float* table, const uint8_t* x, float* y, size_t n) {
+#define TFL_VBMI __attribute__((target("avx512f,avx512bw,avx512vbmi,bmi2")))
+
+// A float table's four byte planes, in the registers lookup64 reads.
+struct FloatPlanes {
+  __m512i t[4][4];
+};
+
+TFL_VBMI inline void make_planes(const float* table, FloatPlanes* p) {
   alignas(64) uint8_t planes[4][256];
   for (int i = 0; i < 256; ++i) {
     uint32_t bits;
     std::memcpy(&bits, table + i, sizeof bits);
     for (int b = 0; b < 4; ++b) planes[b][i] = static_cast<uint8_t>(bits >> (8 * b));
   }
-  __m512i t[4][4];
   for (int b = 0; b < 4; ++b) {
-    for (int k = 0; k < 4; ++k) t[b][k] = _mm512_load_si512(planes[b] + 64 * k);
+    for (int k = 0; k < 4; ++k) p->t[b][k] = _mm512_load_si512(planes[b] + 64 * k);
   }
+}
+
+// The table's floats for 64 indices, as four vectors of 16 (their bit patterns).
+TFL_VBMI inline void lookup64(const FloatPlanes& p, __m512i idx, __m512i (&q)[4]) {
+  const __mmask64 high = _mm512_movepi8_mask(idx);
+  __m512i v[4];
+  for (int b = 0; b < 4; ++b) {
+    v[b] = _mm512_mask_blend_epi8(high, _mm512_permutex2var_epi8(p.t[b][0], idx, p.t[b][1]),
+                                  _mm512_permutex2var_epi8(p.t[b][2], idx, p.t[b][3]));
+  }
+  q[0] = join_quarter<0>(v), q[1] = join_quarter<1>(v);
+  q[2] = join_quarter<2>(v), q[3] = join_quarter<3>(v);
+}
+
+TFL_VBMI inline __mmask64 first_bytes(size_t left) {
+  return left >= 64 ? ~0ULL : _bzhi_u64(~0ULL, static_cast<unsigned>(left));
+}
+
+TFL_VBMI void lookup_floats_vbmi(const float* table, const uint8_t* x, float* y, size_t n) {
+  FloatPlanes p;
+  make_planes(table, &p);
   for (size_t i = 0; i < n; i += 64) {
-    const size_t left = n - i;
-    const __mmask64 in = left >= 64 ? ~0ULL : _bzhi_u64(~0ULL, static_cast<unsigned>(left));
-    const __m512i idx = _mm512_maskz_loadu_epi8(in, x + i);
-    const __mmask64 high = _mm512_movepi8_mask(idx);
-    __m512i v[4];
-    for (int b = 0; b < 4; ++b) {
-      v[b] = _mm512_mask_blend_epi8(high, _mm512_permutex2var_epi8(t[b][0], idx, t[b][1]),
-                                    _mm512_permutex2var_epi8(t[b][2], idx, t[b][3]));
-    }
-    const __m512i q[4] = {join_quarter<0>(v), join_quarter<1>(v), join_quarter<2>(v),
-                          join_quarter<3>(v)};
+    const __mmask64 in = first_bytes(n - i);
+    __m512i q[4];
+    lookup64(p, _mm512_maskz_loadu_epi8(in, x + i), q);
     for (int k = 0; k < 4; ++k) {
       const __mmask16 out = static_cast<__mmask16>(in >> (16 * k));
       _mm512_mask_storeu_epi32(y + i + 16 * k, out, q[k]);
+    }
+  }
+}
+
+// mean_floats (ort_lookup.h) 64 columns at a time, the looked-up floats added in registers.
+TFL_VBMI void mean_floats_vbmi(const float* table, const uint8_t* x, size_t rows, size_t cols,
+                               float* y) {
+  FloatPlanes p;
+  make_planes(table, &p);
+  const __m512 div = _mm512_set1_ps(static_cast<float>(rows));
+  for (size_t c = 0; c < cols; c += 64) {
+    const __mmask64 in = first_bytes(cols - c);
+    __m512 acc[4];
+    __m512i q[4];
+    lookup64(p, _mm512_maskz_loadu_epi8(in, x + c), q);
+    for (int k = 0; k < 4; ++k) acc[k] = _mm512_castsi512_ps(q[k]);
+    for (size_t r = 1; r < rows; ++r) {
+      lookup64(p, _mm512_maskz_loadu_epi8(in, x + r * cols + c), q);
+      for (int k = 0; k < 4; ++k) acc[k] = _mm512_add_ps(acc[k], _mm512_castsi512_ps(q[k]));
+    }
+    for (int k = 0; k < 4; ++k) {
+      const __mmask16 out = static_cast<__mmask16>(in >> (16 * k));
+      _mm512_mask_storeu_ps(y + c + 16 * k, out, _mm512_div_ps(acc[k], div));
     }
   }
 }
@@ -193,6 +234,23 @@ void lookup_byte_pairs(const uint8_t* table, const uint8_t* a, const uint8_t* b,
 #endif
   for (size_t i = 0; i < n; ++i) {
     y[i] = table[256 * static_cast<size_t>(a[i]) + b[i]];
+  }
+}
+
+void mean_floats_portable(const float* table, const uint8_t* x, size_t rows, size_t cols,
+                          float* y) {
+  for (size_t k = 0; k < cols; ++k) {
+    y[k] = table[x[k]];
+  }
+  for (size_t r = 1; r < rows; ++r) {
+    const uint8_t* row = x + r * cols;
+    for (size_t k = 0; k < cols; ++k) {
+      y[k] += table[row[k]];
+    }
+  }
+  const float div = static_cast<float>(rows);
+  for (size_t k = 0; k < cols; ++k) {
+    y[k] /= div;
   }
 }
 
@@ -458,6 +516,17 @@ void lookup_floats(const float* table, const uint8_t* x, float* y, size_t n, boo
   }
 #endif
   ort_lookup::lookup_floats_portable(table, x, y, n);
+}
+
+void mean_floats(const float* table, const uint8_t* x, size_t rows, size_t cols, float* y,
+                 bool portable) {
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+  if (!portable && ort_lookup::have_vbmi()) {
+    ort_lookup::mean_floats_vbmi(table, x, rows, cols, y);
+    return;
+  }
+#endif
+  ort_lookup::mean_floats_portable(table, x, rows, cols, y);
 }
 
 const char* lookup_kernel() {

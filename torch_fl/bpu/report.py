@@ -194,6 +194,8 @@ class Report:
              "AVX-512 kernel, bit-equal to ONNX Runtime's (conversion/depthwise.py)"),
             ("narrow_ops", "sim narrow convs", "narrow int8 conv{s} on the extension's VNNI "
              "kernel, bit-equal to ONNX Runtime's (conversion/narrow_op.py)"),
+            ("lookup_means", "sim lookup means", "float lookup{s} and the ReduceMean over each as "
+             "one op, float for float (conversion/lookup_mean.py)"),
         )  # fmt: skip
         lines += [
             f"{label}: graph {g.graph_id} part {p.id}: {n} " + what.format(s="s" * (n != 1))

@@ -391,7 +391,8 @@ class BpuSettings:
         "In the sim's fused integer graph, run each elementwise float chain between 8-bit "
         "tensors (hardswish, SiLU, GELU, a squeeze-excitation scale) as one table lookup over "
         "its input bytes: the table is the chain's own float result for every "
-        "input, so the numbers are the float path's (conversion/lookups.py). False: ONNX "
+        "input, so the numbers are the float path's (conversion/lookups.py); a float lookup "
+        "and the ReduceMean over it as one op (conversion/lookup_mean.py). False: ONNX "
         "Runtime's dequantize, float kernels and quantize.",
         "FLAGOS_BPU_SIM_LOOKUPS",
     )

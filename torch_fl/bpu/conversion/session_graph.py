@@ -1,5 +1,5 @@
 """The graph a fused sim session opens: ONNX Runtime's own optimized form of the integer graph,
-with the extension's ops in it (conversion/lookups.py, conversion/depthwise.py,
+with the extension's ops in it (conversion/lookups.py and lookup_mean.py, conversion/depthwise.py,
 conversion/narrow_op.py).
 
 The rewrites work on ORT's optimized form rather than on the graph it receives: there the
@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import onnx
 
 from torch_fl.bpu.conversion.depthwise import candidates, rewrite_depthwise
+from torch_fl.bpu.conversion.lookup_mean import fuse_means, pairs, reduce_shapes
 from torch_fl.bpu.conversion.lookups import fuse_lookups, has_chains, ort_optimized
 from torch_fl.bpu.conversion.narrow_op import candidates as narrow_candidates
 from torch_fl.bpu.conversion.narrow_op import rewrite_narrow
@@ -37,6 +38,8 @@ class SessionGraph:
     """Depthwise int8 convs now the extension's DepthwiseConv op."""
     narrow: int = 0
     """Int8 convs over few input channels now the extension's NarrowConv op."""
+    means: int = 0
+    """Float lookups and the ReduceMean over each now one LookupMeanF32 (among `lookups`)."""
 
 
 def session_graph(
@@ -47,7 +50,8 @@ def session_graph(
     narrow: bool = False,
 ) -> SessionGraph:
     """ORT's optimized form of the integer graph `model` (without the optimizers in `disabled`)
-    with its elementwise chains as lookups where `lookups`, its depthwise convs as DepthwiseConv
+    with its elementwise chains as lookups where `lookups` (a float lookup and the mean over it
+    as one op: conversion/lookup_mean.py), its depthwise convs as DepthwiseConv
     where `depthwise`, its convs over few input channels as NarrowConv where `narrow`. No ORT
     pass is spent where no rewrite has anything to replace."""
     want_lookups = lookups and has_chains(model)
@@ -57,8 +61,9 @@ def session_graph(
         return SessionGraph(None, 0, 0)
     optimized = ort_optimized(model, disabled)
     n_lookups = fuse_lookups(optimized) if want_lookups else 0
+    n_means = fuse_means(optimized, reduce_shapes(model)) if n_lookups and pairs(optimized) else 0
     n_depthwise = rewrite_depthwise(optimized) if want_depthwise else 0
     n_narrow = rewrite_narrow(optimized) if want_narrow else 0
     changed = n_lookups or n_depthwise or n_narrow
     data = optimized.SerializeToString() if changed else None
-    return SessionGraph(data, n_lookups, n_depthwise, n_narrow)
+    return SessionGraph(data, n_lookups, n_depthwise, n_narrow, n_means)

@@ -148,6 +148,8 @@ class SimExecutor:
         """How many depthwise int8 convs the session runs on the extension's op."""
         self.narrow_ops = 0
         """How many narrow int8 convs the session runs on the extension's op."""
+        self.lookup_means = 0
+        """How many of the lookups run with the mean over them as one op."""
         self.float_narrow = True
         """Whether the fused graph has the narrow convs' float form (not where the op takes
         them)."""
@@ -168,6 +170,7 @@ class SimExecutor:
                     self._open_session(model.SerializeToString(), fused=True)
             except Exception as exc:  # noqa: BLE001  (any rejection: the float path is exact)
                 self.narrow_convs = self.lookups = self.depthwise = self.narrow_ops = 0
+                self.lookup_means = 0
                 why = str(exc).strip().splitlines()[0][:160] if str(exc).strip() else ""
                 self.kernels = KernelChoice(
                     "float", f"{self.kernels.path} form rejected ({type(exc).__name__}: {why})"
@@ -206,10 +209,10 @@ class SimExecutor:
             graph = session_graph(model, UNFUSED, lookups, depthwise, narrow)
             if graph.data is not None:
                 self.lookups, self.depthwise = graph.lookups, graph.depthwise
-                self.narrow_ops = graph.narrow
+                self.narrow_ops, self.lookup_means = graph.narrow, graph.means
                 self._open_session(graph.data, fused=True)
         except Exception as exc:  # noqa: BLE001  (any failure: ORT's own ops run the graph)
-            self.lookups = self.depthwise = self.narrow_ops = 0
+            self.lookups = self.depthwise = self.narrow_ops = self.lookup_means = 0
             warnings.warn(
                 "torch_fl.bpu: sim: the extension's lookup / depthwise / narrow ops could not "
                 f"run this partition ({type(exc).__name__}: {str(exc).strip()[:160]}); ONNX Runtime's "
