@@ -361,14 +361,10 @@ int input_type(const CustomOp* op, size_t index) {
   return index == 0 ? typed_op(op).type : index == 4 ? kInt64 : kFloat;
 }
 size_t input_count(const CustomOp*) { return 5; }
-constexpr TypedOp make_spec(const char* op_name, int type) {
-  return TypedOp{custom_op(typed_name, input_type, input_count, typed_output, compute), op_name,
-                 type};
-}
 
 TypedOp g_ops[] = {
-    make_spec("DepthwiseConvU8", kUint8),
-    make_spec("DepthwiseConvI8", kInt8),
+    typed_spec("DepthwiseConvU8", kUint8, input_type, input_count, compute),
+    typed_spec("DepthwiseConvI8", kInt8, input_type, input_count, compute),
 };
 
 }  // namespace

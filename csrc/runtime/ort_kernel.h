@@ -165,6 +165,14 @@ inline const TypedOp& typed_op(const CustomOp* op) {
 inline const char* typed_name(const CustomOp* op) { return typed_op(op).name; }
 inline int typed_output(const CustomOp* op, size_t) { return typed_op(op).type; }
 
+// The spec of op `name` over x and y of `type`, with its own inputs and compute.
+constexpr TypedOp typed_spec(const char* name, int type,
+                             int (*input_type)(const CustomOp*, size_t),
+                             size_t (*input_count)(const CustomOp*),
+                             Status* (*compute)(void*, KernelContext*)) {
+  return TypedOp{custom_op(typed_name, input_type, input_count, typed_output, compute), name, type};
+}
+
 // The ops of a table of specs whose first member is their CustomOp (each file's OpSpec).
 template <class Spec, size_t N>
 std::vector<const CustomOp*> op_list(const Spec (&specs)[N]) {

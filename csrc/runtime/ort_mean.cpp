@@ -4,7 +4,8 @@
 //
 // A squeeze-excitation block means its hardswish over the spatial axes: ORT ran a LookupF32
 // writing the float tensor and a ReduceMean reading it back, 8 times in MobileNetV3-Small; with
-// the 8 pairs gone its integer session at batch 1 took 0.61 against 0.72 ms (by hand). ORT's
+// the 8 pairs gone its integer session at batch 1 took 0.60 against 0.73 and 0.75 ms (by hand,
+// two runs, medians of nine blocks of 100). ORT's
 // ReduceMean over axes that come first once the axes of size 1 are dropped ([1, H, W, C] over H
 // and W: its "RK" form) starts each output from the first row and adds the next rows in order,
 // then divides by the row count (reduction_ops.h, ReduceAggregatorMean::FastReduceRK). This op
@@ -88,7 +89,8 @@ Status* compute(void* kernel, KernelContext* context) {
   // mean_floats (ort_lookup.cpp): each 64 outputs' sums in registers on AVX512-VBMI, 10.7 us
   // for MobileNetV3's 14x14x240 mean (ORT's profiler); a first form that gathered 16 floats at a
   // time took 43 us there, and its session ran slower than with the separate lookup and
-  // ReduceMean (0.80 against 0.73 ms at batch 1, by hand)
+  // ReduceMean (fastest of nine blocks of 100 runs at batch 1: 0.798 and 0.790 against 0.703 and
+  // 0.703 ms, by hand)
   mean_floats(static_cast<const float*>(table.data), static_cast<const uint8_t*>(x.data),
               static_cast<size_t>(rows), static_cast<size_t>(cols), static_cast<float*>(out),
               opt[1] != 0);
@@ -102,8 +104,7 @@ int input_type(const CustomOp*, size_t index) {
 size_t input_count(const CustomOp*) { return 4; }
 
 TypedOp g_ops[] = {
-    TypedOp{custom_op(typed_name, input_type, input_count, typed_output, compute),
-            "LookupMeanF32", kFloat},
+    typed_spec("LookupMeanF32", kFloat, input_type, input_count, compute),
 };
 
 }  // namespace

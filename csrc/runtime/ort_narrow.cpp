@@ -2,15 +2,15 @@
 // sessions, bit-equal to ONNX Runtime's own QLinearConv, on AVX512-VNNI's byte dot products.
 //
 // ONNX Runtime runs an int8 conv as im2col rows against packed weights. With 3 input channels
-// most of each row is padding: MobileNetV3's 3x3 stem from 3 to 16 channels took 226 us of its
-// 0.84 ms session at batch 1 on 1 thread (ORT's profiler), and the exact float form of it
-// (conversion/narrow_convs.py) still about 140 us with the conversions around it. Here each
-// input pixel's (up to) 4 channels are one 32-bit word, and `vpdpbusd` multiplies the word,
-// broadcast, with 16 output channels' 4 weights and adds the 4 products into each channel's
-// int32: one instruction per kernel tap for 16 outputs. The accumulator is QLinearConv's own
-// integer, sum((q_x - zp_x) * (q_w - zp_w)) + bias, computed as sum(q_x * w) + (bias - zp_x *
-// sum(w)) (padding reads zp_x, as ORT pads), exact in int32 (at most 4 x 255 x 128 per tap);
-// then ORT's requantization (ort_requant.h).
+// most of each row is padding: MobileNetV3's 3x3 stem from 3 to 16 channels took 226 us at batch
+// 1 on 1 thread (ORT's profiler), and the exact float form of it (conversion/narrow_convs.py)
+// with the conversions around it 137 us for five of its six nodes (the dequantize not counted).
+// Here each input pixel's (up to) 4 channels are one 32-bit word, and `vpdpbusd` multiplies the
+// word, broadcast, with 16 output channels' 4 weights and adds the 4 products into each
+// channel's int32: one instruction per kernel tap for 16 outputs. The accumulator is
+// QLinearConv's own integer, sum((q_x - zp_x) * (q_w - zp_w)) + bias, computed as sum(q_x * w)
+// + (bias - zp_x * sum(w)) (padding reads zp_x, as ORT pads), exact in int32 (at most 4 x 255 x
+// 128 per tap); then ORT's requantization (ort_requant.h).
 //
 // Op, in domain "torch_fl.bpu", named by the 8-bit type of x and y:
 //   NarrowConv<U8|I8>(x, weights, bias, scale, geometry) -> y
@@ -414,14 +414,10 @@ int input_type(const CustomOp* op, size_t index) {
   return index == 0 ? typed_op(op).type : types[index];
 }
 size_t input_count(const CustomOp*) { return 5; }
-constexpr TypedOp make_spec(const char* op_name, int type) {
-  return TypedOp{custom_op(typed_name, input_type, input_count, typed_output, compute), op_name,
-                 type};
-}
 
 TypedOp g_ops[] = {
-    make_spec("NarrowConvU8", kUint8),
-    make_spec("NarrowConvI8", kInt8),
+    typed_spec("NarrowConvU8", kUint8, input_type, input_count, compute),
+    typed_spec("NarrowConvI8", kInt8, input_type, input_count, compute),
 };
 
 }  // namespace

@@ -5,8 +5,8 @@ AVX-512 kernel is fast where the channel count is a multiple of 16 and slow else
 profiler (MobileNetV3, batch 1, 1 thread, AVX512-VNNI EPYC), 3x3 over 88 channels at 28x28
 55.4 us, 5x5 over 120 at 14x14 41.6 us, against 26.5 us for 5x5 over 240 at 14x14, twice the
 work. The extension's op took 24.2, 19.2 and 33.5 us there (the next profiler run): it wins
-where ORT's kernel runs a remainder of channels and loses on whole multiples of 16 (also 144, 288, 576),
-so only convs with `channels % ALIGNED_CHANNELS != 0` move to it. This pass
+where ORT's kernel runs a remainder of channels and loses on whole multiples of 16 (also 144,
+288, 576), so only convs with `channels % ALIGNED_CHANNELS != 0` move to it. This pass
 replaces each such node, in ORT's optimized form of the graph (where the convs already run
 channels-last and the transposes between them are gone: conversion/lookups.py), with
 `torch_fl.bpu.DepthwiseConvU8` / `I8` (csrc/runtime/ort_depthwise.cpp): float multiply-adds
@@ -28,7 +28,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from torch_fl.bpu.conversion.lookups import DOMAIN
+from torch_fl.bpu.conversion.export import attribute
+from torch_fl.bpu.conversion.lookups import DOMAIN, import_domain
 from torch_fl.bpu.conversion.qlinear_conv import RANGE, conv_parts, drop_unread
 
 __all__ = ["ALIGNED_CHANNELS", "EXACT_BELOW", "OPS", "candidates", "rewrite_depthwise"]
@@ -48,7 +49,7 @@ def candidates(model: onnx.ModelProto) -> int:
     count = 0
     for node in model.graph.node:
         if node.op_type in ("Conv", "QLinearConv"):
-            group = next((a.i for a in node.attribute if a.name == "group"), 1)
+            group = attribute(node, "group", 1)
             count += group > 1 and group % ALIGNED_CHANNELS != 0
     return count
 
@@ -77,8 +78,7 @@ def rewrite_depthwise(model: onnx.ModelProto, form: int = 0, every_width: bool =
     if count:
         model.graph.initializer.extend(added)
         drop_unread(model)
-        if not any(o.domain == DOMAIN for o in model.opset_import):
-            model.opset_import.append(helper.make_opsetid(DOMAIN, 1))
+        import_domain(model)
     return count
 
 

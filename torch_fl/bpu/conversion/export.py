@@ -102,6 +102,17 @@ def splice(
     model.graph.node.extend(nodes)
 
 
+def links(model: onnx.ModelProto) -> tuple[dict[str, onnx.NodeProto], dict[str, int], set[str]]:
+    """(the node that writes each tensor, how many node inputs read each tensor, the graph's
+    outputs): what a rewrite checks before it takes a tensor's only reader away."""
+    producer = {o: n for n in model.graph.node for o in n.output}
+    reads: dict[str, int] = {}
+    for node in model.graph.node:
+        for name in node.input:
+            reads[name] = reads.get(name, 0) + 1
+    return producer, reads, {o.name for o in model.graph.output}
+
+
 def constant_names(model: onnx.ModelProto) -> set[str]:
     """Tensors whose value is fixed in the graph: initializers and Constant node outputs (the
     exporter writes literals such as ReLU6's 0 and 6 as Constant nodes)."""

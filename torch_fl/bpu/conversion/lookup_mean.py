@@ -3,12 +3,12 @@ op of the extension's.
 
 A squeeze-excitation block means its activation over the spatial axes. Once the activation is a
 `LookupF32` (conversion/lookups.py), ORT still writes the float tensor and its ReduceMean reads it
-back: MobileNetV3-Small's integer session at batch 1 took 0.72 ms with its 8 such pairs and 0.61
-with them gone (by hand, 1 thread). `LookupMeanF32` (csrc/runtime/ort_mean.cpp) reads the bytes
-once and adds the looked-up floats in the order ORT's ReduceMean adds its inputs where, once the
-axes of size 1 are dropped, the reduced axes come first: row after row from the first, then a
-division by the row count. The result is the pair's float for float
-(tests/compile/test_lookup_mean.py).
+back: MobileNetV3-Small's integer session at batch 1 took 0.73 and 0.75 ms with its 8 such pairs
+and 0.60 with them gone (by hand, 1 thread, two runs, medians of nine blocks of 100).
+`LookupMeanF32` (csrc/runtime/ort_mean.cpp) reads the bytes once and adds the looked-up floats in
+the order ORT's ReduceMean adds its inputs where, once the axes of size 1 are dropped, the
+reduced axes come first: row after row from the first, then a division by the row count. The
+result is the pair's float for float (tests/compile/test_lookup_mean.py).
 
 With a batch of more than one, or axes of size above 1 before the reduced ones (a mean over the
 last axes of [N, C, H, W]), ORT adds in another order, which this op does not reproduce, so a
@@ -23,6 +23,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from torch_fl.bpu.conversion.export import attribute, links, splice
 from torch_fl.bpu.conversion.lookups import DOMAIN
 
 __all__ = ["OP", "fuse_means", "pairs", "reduce_shapes"]
@@ -72,46 +73,34 @@ def fuse_means(
     ReduceMean (by name; its input shape and axes in `shapes`, `reduce_shapes` of the graph ORT
     optimized) reduces rows first (`_rows_first`) with one LookupMeanF32; returns how many.
     `form` 1 asks the op for its plain loop (tests compare the forms)."""
-    producer = {o: n for n in model.graph.node for o in n.output}
-    readers: dict[str, int] = {}
-    for node in model.graph.node:
-        for name in node.input:
-            readers[name] = readers.get(name, 0) + 1
-    outputs = {o.name for o in model.graph.output}
+    producer, reads, outputs = links(model)
     inits = {i.name: i for i in model.graph.initializer}
-    replaced: dict[int, onnx.NodeProto] = {}
+    replaced: dict[int, list[onnx.NodeProto]] = {}
     dropped: set[int] = set()
     added: list[onnx.TensorProto] = []
     for node in model.graph.node:
         lookup = producer.get(node.input[0]) if node.op_type == "ReduceMean" else None
         if lookup is None or lookup.op_type != "LookupF32" or lookup.domain != DOMAIN:
             continue
-        if readers.get(node.input[0]) != 1 or node.input[0] in outputs:
+        if reads.get(node.input[0]) != 1 or node.input[0] in outputs:
             continue
         original = shapes.get(node.name)
         axes = _axes(node, inits, len(original[0])) if original is not None else None
         if axes is None or not _rows_first(_optimized_shape(*original, axes), axes):
             continue
-        keepdims = next((a.i for a in node.attribute if a.name == "keepdims"), 1)
+        keepdims = attribute(node, "keepdims", 1)
         prefix = f"lookup_mean::{node.name}"
         added += [
             numpy_helper.from_array(np.array(axes, np.int64), f"{prefix}/axes"),
             numpy_helper.from_array(np.array([keepdims, form], np.int64), f"{prefix}/options"),
         ]
-        replaced[id(node)] = helper.make_node(
-            OP,
-            [lookup.input[0], lookup.input[1], f"{prefix}/axes", f"{prefix}/options"],
-            [node.output[0]],
-            name=prefix,
-            domain=DOMAIN,
-        )
+        inputs = [lookup.input[0], lookup.input[1], f"{prefix}/axes", f"{prefix}/options"]
+        op = helper.make_node(OP, inputs, [node.output[0]], name=prefix, domain=DOMAIN)
+        replaced[id(node)] = [op]
         dropped.add(id(lookup))
-    if not replaced:
-        return 0
-    nodes = [replaced.get(id(n), n) for n in model.graph.node if id(n) not in dropped]
-    del model.graph.node[:]
-    model.graph.node.extend(nodes)
-    model.graph.initializer.extend(added)
+    if replaced:
+        splice(model, replaced, dropped)
+        model.graph.initializer.extend(added)
     return len(replaced)
 
 
@@ -119,7 +108,7 @@ def _axes(node: onnx.NodeProto, inits: dict, rank: int) -> list[int] | None:
     """ReduceMean `node`'s axes, from 0 and ascending (an attribute, or a constant input from
     opset 18); None where it has none (a reduction over every axis) or they fall outside
     `rank`."""
-    axes = next((list(a.ints) for a in node.attribute if a.name == "axes"), None)
+    axes = attribute(node, "axes")
     if axes is None and len(node.input) > 1 and node.input[1] in inits:
         axes = numpy_helper.to_array(inits[node.input[1]]).reshape(-1).tolist()
     if not axes:

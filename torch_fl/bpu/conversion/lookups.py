@@ -372,9 +372,15 @@ def fuse_lookups(model: onnx.ModelProto) -> int:
     count = _replace(model, lambda graph, node: graph.quantized_chain(node)
                      if node.op_type == "QuantizeLinear" else None)  # fmt: skip
     count += _replace(model, lambda graph, node: graph.float_chain(node))
-    if count and not any(o.domain == DOMAIN for o in model.opset_import):
-        model.opset_import.append(helper.make_opsetid(DOMAIN, 1))
+    if count:
+        import_domain(model)
     return count
+
+
+def import_domain(model: onnx.ModelProto) -> None:
+    """Declare the extension's op domain in `model`, once."""
+    if not any(o.domain == DOMAIN for o in model.opset_import):
+        model.opset_import.append(helper.make_opsetid(DOMAIN, 1))
 
 
 def _replace(model: onnx.ModelProto, find) -> int:

@@ -2,9 +2,10 @@
 graph as the extension's own op, on AVX512-VNNI.
 
 ONNX Runtime runs an int8 conv as im2col rows against packed weights; over 3 input channels
-most of each row is padding. MobileNetV3's 3x3 stem from 3 to 16 channels took 226 us of its
-0.84 ms session (batch 1, 1 thread, ORT's profiler, AVX512-VNNI EPYC), and its exact float form
-(conversion/narrow_convs.py), with the conversions around it, about 140 us. This pass replaces
+most of each row is padding. MobileNetV3's 3x3 stem from 3 to 16 channels took 226 us (batch 1,
+1 thread, ORT's profiler, AVX512-VNNI EPYC), and its exact float form
+(conversion/narrow_convs.py) with the conversions around it 137 us for five of its six nodes (the
+dequantize not counted). This pass replaces
 each channels-last QLinearConv with one group and at most `MAX_INPUTS` input channels and
 `MAX_OUTPUTS` outputs with `torch_fl.bpu.NarrowConvU8` / `I8` (csrc/runtime/ort_narrow.cpp):
 an input pixel's channels as one 32-bit word, multiplied with 16 output channels' weights by
@@ -23,7 +24,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from torch_fl.bpu.conversion.lookups import DOMAIN
+from torch_fl.bpu.conversion.export import attribute, links, splice
+from torch_fl.bpu.conversion.lookups import DOMAIN, import_domain
 from torch_fl.bpu.conversion.qlinear_conv import conv_parts, drop_unread
 
 __all__ = ["MAX_INPUTS", "MAX_OUTPUTS", "OPS", "candidates", "rewrite_narrow"]
@@ -51,7 +53,7 @@ def candidates(model: onnx.ModelProto) -> int:
         if dq is not None and dq.op_type == "DequantizeLinear":
             name = dq.input[0]
         dims = shapes.get(name)
-        group = next((a.i for a in node.attribute if a.name == "group"), 1)
+        group = attribute(node, "group", 1)
         count += dims is not None and len(dims) == 4 and group == 1 and dims[1] <= MAX_INPUTS
     return count
 
@@ -61,16 +63,11 @@ def rewrite_narrow(model: onnx.ModelProto, form: int = 0) -> int:
     with a NarrowConv op; returns how many. `form` 1 asks the op for its plain loop (tests
     compare the forms)."""
     inits = {i.name: i for i in model.graph.initializer}
-    producer = {o: n for n in model.graph.node for o in n.output}
-    readers: dict[str, int] = {}
-    for node in model.graph.node:
-        for name in node.input:
-            readers[name] = readers.get(name, 0) + 1
-    outputs = {o.name for o in model.graph.output}
+    producer, reads, outputs = links(model)
     added: list[onnx.TensorProto] = []
+    replaced: dict[int, list[onnx.NodeProto]] = {}
     dropped: set[int] = set()
-    count = 0
-    for index, node in enumerate(model.graph.node):
+    for node in model.graph.node:
         plan = _plan(node, inits)
         if plan is None:
             continue
@@ -79,8 +76,8 @@ def rewrite_narrow(model: onnx.ModelProto, form: int = 0) -> int:
         if (
             transpose is not None
             and transpose.op_type == "Transpose"
-            and _perm(transpose) == _NCHW_TO_NHWC
-            and readers.get(source) == 1
+            and list(attribute(transpose, "perm", [])) == _NCHW_TO_NHWC
+            and reads.get(source) == 1
             and source not in outputs
         ):
             source, layout = transpose.input[0], 1
@@ -93,21 +90,13 @@ def rewrite_narrow(model: onnx.ModelProto, form: int = 0) -> int:
         op = helper.make_node(
             OPS[plan["type"]], [source, *names], [node.output[0]], name=prefix, domain=DOMAIN
         )
-        model.graph.node[index].CopyFrom(op)
-        count += 1
-    if count:
-        keep = [n for n in model.graph.node if id(n) not in dropped]
-        del model.graph.node[:]
-        model.graph.node.extend(keep)
+        replaced[id(node)] = [op]
+    if replaced:
+        splice(model, replaced, dropped)
         model.graph.initializer.extend(added)
         drop_unread(model)
-        if not any(o.domain == DOMAIN for o in model.opset_import):
-            model.opset_import.append(helper.make_opsetid(DOMAIN, 1))
-    return count
-
-
-def _perm(node: onnx.NodeProto) -> list[int] | None:
-    return next((list(a.ints) for a in node.attribute if a.name == "perm"), None)
+        import_domain(model)
+    return len(replaced)
 
 
 def _plan(node: onnx.NodeProto, inits: dict) -> dict | None:
