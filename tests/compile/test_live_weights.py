@@ -269,10 +269,13 @@ class Wide(nn.Module):
 def _wide_compiled(threads: int = 1):
     """A compiled Wide after its first call: (model, input, compiled, its runtime, output).
     One ORT thread: a CPU stays free for the checker thread. Exactly `threads` (not the
-    measured choice among 1..threads)."""
+    measured choice among 1..threads). Without the kernel's write tracking, which would leave
+    nothing to hash beside the call (tests/compile/test_write_watch.py)."""
     model = Wide().eval()
     x = torch.randn(4, 512)
-    compiled = compile_bpu(model, executor="sim", sim_threads=threads, sim_thread_choice="fixed")
+    compiled = compile_bpu(
+        model, executor="sim", sim_threads=threads, sim_thread_choice="fixed", weight_watch=False
+    )
     with report.collect() as reps, torch.no_grad():
         before = compiled(x)
     return model, x, compiled, reps[0].runtimes[0], before
@@ -305,7 +308,9 @@ def test_background_check_reads_flagos_weights():
         pytest.skip("one usable CPU: the check runs before the call")
     model = Wide().eval().to("flagos")
     x = torch.randn(4, 512, device="flagos")
-    compiled = compile_bpu(model, executor="sim", sim_threads=1, sim_thread_choice="fixed")
+    compiled = compile_bpu(
+        model, executor="sim", sim_threads=1, sim_thread_choice="fixed", weight_watch=False
+    )
     with report.collect() as reps, torch.no_grad():
         before = compiled(x)
         rt = reps[0].runtimes[0]
@@ -324,7 +329,9 @@ def test_no_free_cpu_beside_the_executor_checks_before_the_call():
     threads = freezing._usable_cpus()
     model = Wide().eval()
     x = torch.randn(4, 512)
-    compiled = compile_bpu(model, executor="sim", sim_threads=threads, sim_thread_choice="fixed")
+    compiled = compile_bpu(
+        model, executor="sim", sim_threads=threads, sim_thread_choice="fixed", weight_watch=False
+    )
     with report.collect() as reps, torch.no_grad():
         before = compiled(x)
     rt = reps[0].runtimes[0]
@@ -363,7 +370,7 @@ from tests.compile.bpu_helpers import compile_bpu
 from torch_fl.bpu.conversion import freezing
 model = Wide().eval()
 x = torch.randn(4, 512)
-compiled = compile_bpu(model, executor="sim", sim_threads=1)
+compiled = compile_bpu(model, executor="sim", sim_threads=1, weight_watch=False)
 with torch.no_grad():
     before = compiled(x)  # the parent's checker thread exists now
 assert compiled._orig_mod is model and freezing._pool is not None

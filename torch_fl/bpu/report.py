@@ -232,9 +232,10 @@ class Report:
                     if timed
                     else ""
                 )
+                watch = f" ({check['watch']})" if check.get("watch") else ""
                 lines.append(
                     f"weight check: graph {g.graph_id} part {p.id}: {where}, {check['pass']} "
-                    f"on up to {cpus}{why}"
+                    f"on up to {cpus}{why}{watch}"
                 )
         return lines
 

@@ -372,6 +372,17 @@ class BpuSettings:
         "only).",
         "FLAGOS_BPU_SIM_WEIGHTS",
     )
+    weight_watch: bool = _option(
+        True,
+        _parse_bool,
+        "bool",
+        "With baked weights: the kernel tracks writes to their pages (userfaultfd's asynchronous "
+        "write protection read by PAGEMAP_SCAN, Linux 6.7+) and each call hashes only pages "
+        "written since the last call plus the partial pages at the weights' ends; where the "
+        "kernel or a sandbox refuses, or for shared or file-mapped memory, every call hashes those "
+        "weights whole (explain() says which). False: always hash every weight.",
+        "FLAGOS_BPU_WEIGHT_WATCH",
+    )
     sim_kernels: str = _option(
         "auto",
         _choice(SIM_KERNELS),

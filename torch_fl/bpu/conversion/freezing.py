@@ -99,13 +99,13 @@ def fingerprint(tensor: torch.Tensor, digest=None) -> int:
     return digest(view)
 
 
-_data_ptr = torch.Tensor.data_ptr
-_version = operator.attrgetter("_version")
-_stride = torch.Tensor.stride
-
-
-def _storage_sizes(tensors: Sequence[torch.Tensor]) -> list[int]:
-    return list(map(torch.UntypedStorage.nbytes, map(torch.Tensor.untyped_storage, tensors)))
+def _pinned(view: torch.Tensor) -> bool:
+    """Page-locked for a device's DMA, which writes it without the CPU's page tables (a CUDA
+    host's `pin_memory()`): its writes escape the kernel's write tracking."""
+    try:
+        return bool(view.is_pinned())
+    except RuntimeError:  # no accelerator runtime to ask: nothing is pinned
+        return False
 
 
 def _picker(positions: tuple[int, ...]) -> Callable[[Sequence], tuple]:
@@ -122,18 +122,14 @@ def _picker(positions: tuple[int, ...]) -> Callable[[Sequence], tuple]:
 class FrozenWeights:
     """The weights one build of a partition baked in, to detect any later change.
 
-    Held column-wise, so that a call's check walks them in C (`map` over the columns, then
-    one list comparison each) rather than in a Python loop per weight: for 210 small weights
-    a check took 173 us that way and 254 us with the loop (2-vCPU EPYC, timed by hand). For
-    real weights the XXH3 pass over their bytes dominates (docs/compile-models.md)."""
+    A call's check compares identities in the extension (`_C._TensorIdentity`: MobileNetV3's
+    210 weights took 57 us a call as five Python maps over them), then content: with a watch,
+    the pages written since the last call and the partial pages; without, every byte."""
 
     __slots__ = (
         "_pick",
         "_tensors",
-        "_ptrs",
-        "_storage_nbytes",
-        "_versions",
-        "_strides",
+        "_identity",
         "_dense",
         "_native",
         "_gapped",
@@ -144,23 +140,29 @@ class FrozenWeights:
         "_inline_threads",
         "_inline_pass",
         "_inline_times",
+        "_watch",
+        "_watch_note",
+        "_unwatched",
+        "_hashed_nbytes",
     )
 
     def __init__(
-        self, positions: Sequence[int], args: Sequence[torch.Tensor], busy_cpus: int = 1
+        self,
+        positions: Sequence[int],
+        args: Sequence[torch.Tensor],
+        busy_cpus: int = 1,
+        watch: bool = False,
     ) -> None:
         """`busy_cpus`: how many CPUs the partition's own executor keeps busy while it runs (the
         check overlaps it only where one more is free; otherwise both would share a core and
-        the overlap would only add switching)."""
+        the overlap would only add switching). `watch`: have the kernel track writes to the
+        weights' pages (`_arm_watch`), so that a call hashes only what was written."""
         self._digest = digest = _hasher()
         positions = tuple(positions)
         self._pick = _picker(positions)
         tensors = self._pick(args)
         self._tensors = tensors
-        self._ptrs = list(map(_data_ptr, tensors))
-        self._storage_nbytes = _storage_sizes(tensors)
-        self._versions = list(map(_version, tensors))
-        self._strides = list(map(_stride, tensors))
+        self._identity = _C._TensorIdentity(tensors)
         views = [_byte_view(t) for t in tensors]
         # dense weights: (their byte views, fingerprints), hashed in one map per call; a weight
         # with gaps is copied dense to be hashed (rare: a strided view passed as a weight)
@@ -182,6 +184,12 @@ class FrozenWeights:
             if v is None
         )
         self._nbytes = sum(t.numel() * t.element_size() for t in tensors)
+        self._watch = None
+        self._watch_note = "off (weight_watch=False)"
+        self._unwatched: tuple[tuple[torch.Tensor, ...], bytes] | None = None
+        self._hashed_nbytes = self._nbytes
+        if watch:
+            self._arm_watch()
         self.occupy(busy_cpus)
         # before the call every CPU is free: the check in the caller's thread may use them all
         self._inline_threads = max(_usable_cpus(), 1)
@@ -190,9 +198,43 @@ class FrozenWeights:
         self._inline_pass: str | None = None
         self._inline_times: dict[str, float] | None = None
 
+    def _arm_watch(self) -> None:
+        """Hand the dense weights' pages to the kernel's write tracking (csrc/runtime/
+        write_watch.h): from here on a call hashes only the pages written since the last call
+        and the partial pages at each weight's ends. Not for pinned memory (a device's DMA
+        writes it without the CPU's page tables), nor where the kernel refuses (the note says
+        why): those weights are hashed whole on every call, as without a watch."""
+        views, prints = self._native
+        watched = [v for v in views if not _pinned(v)]
+        if not watched:
+            self._watch_note = "nothing to watch (no dense weight in pageable memory)"
+            return
+        watch, why = _C._write_watch([(v.data_ptr(), v.nbytes) for v in watched])
+        if watch is None:
+            self._watch_note = f"unavailable: {why}"
+            return
+        # a weight written between the build's fingerprints and the protection is in the pages'
+        # prints: compare the weights with the baked ones once more, now that writes count
+        if _C._fingerprints(views) != prints:
+            self._watch_note = "weights changed while the watch was armed: hashing them"
+            return
+        self._watch = watch
+        rest = tuple(v for v in views if _pinned(v))
+        self._unwatched = (rest, _C._fingerprints(rest)) if rest else None
+        self._hashed_nbytes = (
+            watch.hashed_bytes
+            + sum(v.nbytes for v in rest)
+            + sum(self._tensors[i].nbytes for i, _ in self._gapped)
+        )
+        self._watch_note = (
+            f"{watch.watched_bytes / 1e6:.1f} MB watched in {watch.runs} run(s), "
+            f"{self._hashed_nbytes / 1e6:.2f} MB hashed on every call"
+        )
+
     def can_overlap(self, busy_cpus: int) -> bool:
-        """Whether the check runs beside an executor that keeps `busy_cpus` CPUs busy."""
-        return self._nbytes >= OVERLAP_BYTES and _usable_cpus() > max(busy_cpus, 1)
+        """Whether the check runs beside an executor that keeps `busy_cpus` CPUs busy: where it
+        hashes a megabyte or more (with a watch: only the bytes it hashes on every call)."""
+        return self._hashed_nbytes >= OVERLAP_BYTES and _usable_cpus() > max(busy_cpus, 1)
 
     def occupy(self, busy_cpus: int) -> None:
         """The executor keeps `busy_cpus` CPUs busy while it runs: check beside it where one is
@@ -235,6 +277,13 @@ class FrozenWeights:
         """How a call checks these weights, for explain(): beside it or before it, on how many
         CPUs at most (the extension hashes whole weights, one thread a megabyte, 8 at most),
         with which pass (and the timing of both, where it chose)."""
+        if self._watch is not None:
+            return {
+                "beside": self.overlap,
+                "threads": self._beside_threads if self.overlap else 1,
+                "pass": "write-watch",
+                "watch": self._watch_note,
+            }
         if self.overlap:
             return {"beside": True, "threads": self._beside_threads, "pass": "native"}
         native = self.inline_pass == "native"
@@ -262,15 +311,22 @@ class FrozenWeights:
         the extension's fingerprint, hashed without holding the GIL on `threads` threads (None:
         every CPU); `gil_free=None` takes the pass timed on first use (`inline_pass`)."""
         current = self._pick(args)
-        if (
-            not all(map(operator.is_, current, self._tensors))
-            or list(map(_data_ptr, current)) != self._ptrs
-            or list(map(_version, current)) != self._versions
-            or list(map(_stride, current)) != self._strides
-            or _storage_sizes(current) != self._storage_nbytes
-        ):
+        if not self._identity.same(current):
             return True
         # same objects, pointers and strides: the views made at build time read their bytes
+        watch = self._watch
+        if watch is not None:
+            verdict = watch.check()  # 0 unchanged, 1 changed, 2 no longer watching
+            if verdict == 1:
+                return True
+            if verdict == 0:
+                rest = self._unwatched
+                if rest is not None and _C._fingerprints(rest[0]) != rest[1]:
+                    return True
+                return any(fingerprint(current[i], self._digest) != p for i, p in self._gapped)
+            # a forked child, or the memory remapped: hash every weight from here on
+            self._watch, self._watch_note = None, "dropped (a forked child or a remapping)"
+            self._hashed_nbytes = self._nbytes
         if gil_free is None:
             gil_free = self.inline_pass == "native"
         if gil_free:

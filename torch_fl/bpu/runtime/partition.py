@@ -491,7 +491,11 @@ class PartitionRuntime(torch.nn.Module):
         )
         baked = how.baked_weights(settings)
         self._frozen = (
-            FrozenWeights(self.spec.frozen_positions, args, _busy_cpus(inner)) if baked else None
+            FrozenWeights(
+                self.spec.frozen_positions, args, _busy_cpus(inner), watch=settings.weight_watch
+            )
+            if baked
+            else None
         )
         self._confirm = None
         self.entry.sim_threads = _thread_choice(inner, host, args, self._frozen, settings)

@@ -1,0 +1,366 @@
+#include "runtime/write_watch.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <sstream>
+
+#if defined(__linux__)
+#include <fcntl.h>
+#include <sys/ioctl.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
+
+namespace torch_fl {
+namespace write_watch {
+
+#if defined(__linux__) && defined(SYS_userfaultfd)
+namespace {
+
+// The kernel's ABI (include/uapi/linux/userfaultfd.h, fs.h), spelled out: the boards' and older
+// hosts' headers predate it, and the probe at run time decides whether the kernel has it.
+constexpr uint64_t kUffdApi = 0xAA;
+constexpr uint64_t kFeatureWpAsync = 1ULL << 15;
+constexpr int kUserModeOnly = 1;  // UFFD_USER_MODE_ONLY: allowed without privilege
+constexpr uint64_t kRegisterModeWp = 1ULL << 1;
+struct UffdioApi {
+  uint64_t api, features, ioctls;
+};
+struct UffdioRange {
+  uint64_t start, len;
+};
+struct UffdioRegister {
+  UffdioRange range;
+  uint64_t mode, ioctls;
+};
+constexpr unsigned long kUffdioApi = _IOWR(0xAA, 0x3F, UffdioApi);
+constexpr unsigned long kUffdioRegister = _IOWR(0xAA, 0x00, UffdioRegister);
+
+struct PageRegion {
+  uint64_t start, end, categories;
+};
+struct PmScanArg {
+  uint64_t size, flags, start, end, walk_end, vec, vec_len, max_pages, category_inverted,
+      category_mask, category_anyof_mask, return_mask;
+};
+constexpr uint64_t kScanWpMatching = 1 << 0;
+constexpr uint64_t kScanCheckWpAsync = 1 << 1;
+constexpr uint64_t kPageIsWritten = 1 << 1;
+constexpr uint64_t kPageIsPresent = 1 << 3;
+constexpr unsigned long kPagemapScan = _IOWR('f', 16, PmScanArg);
+
+// The process's one userfaultfd and pagemap descriptor, opened on first use and again in a
+// forked child (whose registrations the kernel dropped, and whose inherited /proc/self/pagemap
+// descriptor still reads its parent).
+struct Process {
+  long pid = -1;
+  int uffd = -1;
+  int pagemap = -1;
+  std::string reason;
+};
+
+std::mutex g_mutex;  // guards g_process, g_pages and every scan
+Process g_process;
+
+std::string errno_text(const char* what) {
+  return std::string(what) + ": " + std::strerror(errno);
+}
+
+// Opens both descriptors for this process (under g_mutex); false, with the reason, where the
+// kernel or a sandbox refuses: userfaultfd needs Linux 5.19 for asynchronous write protection,
+// PAGEMAP_SCAN Linux 6.7; Docker's default seccomp profile blocks userfaultfd.
+bool ensure_process() {
+  const long pid = static_cast<long>(::getpid());
+  if (g_process.pid == pid) return g_process.reason.empty();
+  if (g_process.pid != -1) {  // a forked child: the inherited descriptors are its parent's
+    if (g_process.uffd >= 0) ::close(g_process.uffd);
+    if (g_process.pagemap >= 0) ::close(g_process.pagemap);
+  }
+  g_process = Process{};
+  g_process.pid = pid;
+  int uffd = static_cast<int>(::syscall(SYS_userfaultfd, O_CLOEXEC | O_NONBLOCK | kUserModeOnly));
+  if (uffd < 0 && errno == EINVAL) {  // a kernel before 5.11 knows no user-mode-only flag
+    uffd = static_cast<int>(::syscall(SYS_userfaultfd, O_CLOEXEC | O_NONBLOCK));
+  }
+  if (uffd < 0) {
+    g_process.reason = errno_text("userfaultfd() refused (kernel, vm.unprivileged_userfaultfd "
+                                  "or a seccomp profile)");
+    return false;
+  }
+  UffdioApi api{kUffdApi, kFeatureWpAsync, 0};
+  if (::ioctl(uffd, kUffdioApi, &api) != 0) {
+    g_process.reason = errno_text("userfaultfd has no asynchronous write protection "
+                                  "(UFFD_FEATURE_WP_ASYNC: Linux 5.19+)");
+    ::close(uffd);
+    return false;
+  }
+  const int pagemap = ::open("/proc/self/pagemap", O_RDONLY | O_CLOEXEC);
+  if (pagemap < 0) {
+    g_process.reason = errno_text("cannot open /proc/self/pagemap");
+    ::close(uffd);
+    return false;
+  }
+  // PAGEMAP_SCAN on an empty range: EINVAL or ENOTTY where the kernel predates it (6.7)
+  PmScanArg probe{};
+  probe.size = sizeof probe;
+  probe.return_mask = kPageIsWritten;
+  if (::ioctl(pagemap, kPagemapScan, &probe) < 0) {
+    g_process.reason = errno_text("no PAGEMAP_SCAN ioctl (Linux 6.7+)");
+    ::close(uffd);
+    ::close(pagemap);
+    return false;
+  }
+  g_process.uffd = uffd;
+  g_process.pagemap = pagemap;
+  return true;
+}
+
+// Private anonymous read-write mappings, from /proc/self/maps: the memory whose every write this
+// process's page tables see. Shared memory (another process writes it through its own page
+// tables) and file mappings (a private page still reads the file until first written) are not.
+std::vector<std::pair<uintptr_t, uintptr_t>> private_anonymous() {
+  std::vector<std::pair<uintptr_t, uintptr_t>> out;
+  std::ifstream maps("/proc/self/maps");
+  std::string line;
+  while (std::getline(maps, line)) {
+    std::istringstream in(line);
+    std::string span, perms, offset, dev, path;
+    unsigned long long inode = 0;
+    in >> span >> perms >> offset >> dev >> inode;
+    std::getline(in >> std::ws, path);
+    const bool anonymous =
+        inode == 0 && (path.empty() || path == "[heap]" || path.rfind("[anon", 0) == 0);
+    if (!anonymous || perms.size() < 4 || perms[0] != 'r' || perms[1] != 'w' || perms[3] != 'p')
+      continue;
+    const size_t dash = span.find('-');
+    if (dash == std::string::npos) continue;
+    out.emplace_back(std::stoull(span.substr(0, dash), nullptr, 16),
+                     std::stoull(span.substr(dash + 1), nullptr, 16));
+  }
+  return out;
+}
+
+}  // namespace
+
+struct PageState {
+  uint64_t writes = 0;  // how many scans found this page written (or gone) since it was watched
+  int refs = 0;         // watches over it
+};
+
+namespace {
+std::map<uintptr_t, std::unique_ptr<PageState>> g_pages;  // watched pages by address
+uint64_t g_writes = 0;  // writes counted on any watched page: unchanged, no watch need look
+
+// Scans [start, end) for pages written (or no longer present) since the last scan, counting each
+// in its PageState, and write-protects them again in the same call: a write racing the scan is
+// either counted now or faults and is counted by the next one. False where the range is no
+// longer under asynchronous write protection (a mapping replaced). Under g_mutex.
+bool scan(uintptr_t start, uintptr_t end, size_t page_size) {
+  PageRegion found[32];
+  PmScanArg arg{};
+  arg.size = sizeof arg;
+  arg.flags = kScanWpMatching | kScanCheckWpAsync;
+  arg.start = start;
+  arg.end = end;
+  arg.vec = reinterpret_cast<uint64_t>(found);
+  arg.vec_len = 32;
+  // written, or not present (a page discarded under the watch reads other bytes when it
+  // returns): the categories' "not present" is the present bit inverted
+  arg.category_inverted = kPageIsPresent;
+  arg.category_anyof_mask = kPageIsWritten | kPageIsPresent;
+  arg.return_mask = kPageIsWritten | kPageIsPresent;
+  for (;;) {
+    const long n = ::ioctl(g_process.pagemap, kPagemapScan, &arg);
+    if (n < 0) return false;
+    for (long i = 0; i < n; ++i) {
+      for (uintptr_t page = found[i].start; page < found[i].end; page += page_size) {
+        auto it = g_pages.find(page);
+        if (it != g_pages.end()) {
+          ++it->second->writes;
+          ++g_writes;
+        }
+      }
+    }
+    if (arg.walk_end >= end || n < static_cast<long>(arg.vec_len)) return true;
+    arg.start = arg.walk_end;
+  }
+}
+}  // namespace
+
+std::string unavailable_reason() {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  return ensure_process() ? std::string() : g_process.reason;
+}
+
+std::unique_ptr<Watch> Watch::arm(const std::vector<std::pair<uintptr_t, size_t>>& ranges,
+                                  std::string* why) {
+  std::unique_ptr<Watch> w(new Watch());
+  const long ps = ::sysconf(_SC_PAGESIZE);  // 4 KB here, 64 KB on the boards' kernels
+  w->page_size_ = static_cast<size_t>(ps > 0 ? ps : 4096);
+  const uintptr_t psz = w->page_size_;
+  // whole pages inside a range are watched; the partial pages at its ends are hashed
+  std::vector<std::pair<uintptr_t, uintptr_t>> spans;
+  for (const auto& [ptr, n] : ranges) {
+    if (n == 0) continue;
+    const uintptr_t first = (ptr + psz - 1) / psz * psz, last = (ptr + n) / psz * psz;
+    if (last <= first) {
+      w->pieces_.push_back({reinterpret_cast<const unsigned char*>(ptr), n});
+      continue;
+    }
+    spans.emplace_back(first, last);
+    if (first > ptr) w->pieces_.push_back({reinterpret_cast<const unsigned char*>(ptr), first - ptr});
+    if (ptr + n > last) w->pieces_.push_back({reinterpret_cast<const unsigned char*>(last), ptr + n - last});
+  }
+  std::sort(spans.begin(), spans.end());
+  std::vector<Run> merged;
+  for (const auto& [a, b] : spans) {
+    if (!merged.empty() && a <= merged.back().end) {
+      merged.back().end = std::max(merged.back().end, b);
+    } else {
+      merged.push_back({a, b});
+    }
+  }
+  std::lock_guard<std::mutex> lock(g_mutex);
+  if (!ensure_process()) {
+    *why = g_process.reason;
+    return nullptr;
+  }
+  w->pid_ = g_process.pid;
+  // the parts of each run in private anonymous memory are watched, the rest hashed
+  const auto usable = private_anonymous();
+  auto hash_instead = [&](uintptr_t a, uintptr_t b) {
+    if (b > a) w->pieces_.push_back({reinterpret_cast<const unsigned char*>(a), b - a});
+  };
+  for (const Run& run : merged) {
+    uintptr_t at = run.start;
+    for (const auto& [lo, hi] : usable) {
+      if (hi <= at || lo >= run.end) continue;
+      const uintptr_t a = std::max(lo, at), b = std::min(hi, run.end);
+      hash_instead(at, a);
+      UffdioRegister reg{{a, b - a}, kRegisterModeWp, 0};
+      if (::ioctl(g_process.uffd, kUffdioRegister, &reg) == 0) {
+        if (!w->runs_.empty() && w->runs_.back().end == a) {
+          w->runs_.back().end = b;
+        } else {
+          w->runs_.push_back({a, b});
+        }
+      } else {
+        hash_instead(a, b);  // EBUSY: another userfaultfd in this process watches it
+      }
+      at = b;
+    }
+    hash_instead(at, run.end);
+  }
+  if (w->runs_.empty()) {
+    *why = "no whole page of these weights lies in private anonymous memory this process can "
+           "watch";
+    return nullptr;
+  }
+  for (const Run& run : w->runs_) {
+    for (uintptr_t page = run.start; page < run.end; page += psz) {
+      std::unique_ptr<PageState>& state = g_pages[page];
+      if (!state) state.reset(new PageState());
+      ++state->refs;
+      w->pages_.push_back(state.get());
+      w->addresses_.push_back(page);
+    }
+  }
+  for (const Run& run : w->runs_) {
+    if (!scan(run.start, run.end, psz)) {  // protects every page: from here on writes count
+      *why = errno_text("PAGEMAP_SCAN refused the weights' pages");
+      return nullptr;  // `lock` goes first, then the destructor releases the pages
+    }
+  }
+  w->seen_.reserve(w->pages_.size());
+  for (const PageState* p : w->pages_) w->seen_.push_back(p->writes);
+  w->seen_writes_ = g_writes;
+  // the prints after the protection: a write after it is counted by the next scan, one before
+  // it is in these bytes (the caller compares the weights with the baked ones once more)
+  w->page_prints_.reserve(w->pages_.size());
+  for (const uintptr_t page : w->addresses_) {
+    w->page_prints_.push_back(fingerprint_bytes(reinterpret_cast<const unsigned char*>(page), psz));
+  }
+  w->piece_prints_.resize(w->pieces_.size());
+  for (size_t i = 0; i < w->pieces_.size(); ++i) {
+    w->piece_prints_[i] = fingerprint_bytes(w->pieces_[i].data, w->pieces_[i].nbytes);
+  }
+  return w;
+}
+
+Watch::~Watch() {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  for (size_t i = 0; i < pages_.size(); ++i) {
+    // the registration stays: memory freed under it takes at most one write fault, once
+    if (--pages_[i]->refs == 0) g_pages.erase(addresses_[i]);
+  }
+}
+
+size_t Watch::hashed_bytes() const {
+  size_t n = 0;
+  for (const Piece& p : pieces_) n += p.nbytes;
+  return n;
+}
+
+Verdict Watch::check() {
+  std::lock_guard<std::mutex> own(mutex_);
+  std::vector<size_t> written;
+  std::vector<uint64_t> counts;
+  uint64_t writes_now = 0;
+  {
+    std::lock_guard<std::mutex> lock(g_mutex);
+    if (static_cast<long>(::getpid()) != pid_ || g_process.pid != pid_) return Verdict::kUnknown;
+    for (const Run& run : runs_) {
+      if (!scan(run.start, run.end, page_size_)) return Verdict::kUnknown;
+    }
+    // another watch's scan may have counted a write to a page this one shares; where no
+    // scan counted any write since this watch last looked, none of its pages can have one
+    if (g_writes != seen_writes_) {
+      for (size_t i = 0; i < pages_.size(); ++i) {
+        if (pages_[i]->writes != seen_[i]) {
+          written.push_back(i);
+          counts.push_back(pages_[i]->writes);
+        }
+      }
+    }
+    writes_now = g_writes;
+  }
+  for (size_t j = 0; j < written.size(); ++j) {
+    const size_t i = written[j];
+    const Fingerprint128 now = fingerprint_bytes(
+        reinterpret_cast<const unsigned char*>(addresses_[i]), page_size_);
+    if (now.lo != page_prints_[i].lo || now.hi != page_prints_[i].hi) return Verdict::kChanged;
+    seen_[i] = counts[j];  // written with the same bytes (or a neighbour's bytes): still equal
+  }
+  seen_writes_ = writes_now;  // every page counted up to then was hashed equal
+  for (size_t i = 0; i < pieces_.size(); ++i) {
+    const Fingerprint128 now = fingerprint_bytes(pieces_[i].data, pieces_[i].nbytes);
+    if (now.lo != piece_prints_[i].lo || now.hi != piece_prints_[i].hi) return Verdict::kChanged;
+  }
+  return Verdict::kUnchanged;
+}
+
+#else  // not Linux: no write tracking; the caller hashes every weight
+
+struct PageState {};
+
+std::string unavailable_reason() { return "write tracking needs Linux (userfaultfd)"; }
+
+std::unique_ptr<Watch> Watch::arm(const std::vector<std::pair<uintptr_t, size_t>>&,
+                                  std::string* why) {
+  *why = unavailable_reason();
+  return nullptr;
+}
+
+Watch::~Watch() = default;
+
+size_t Watch::hashed_bytes() const { return 0; }
+
+Verdict Watch::check() { return Verdict::kUnknown; }
+
+#endif
+
+}  // namespace write_watch
+}  // namespace torch_fl

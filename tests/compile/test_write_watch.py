@@ -1,0 +1,237 @@
+"""The kernel's write tracking under the baked-weight check (csrc/runtime/write_watch.h,
+conversion/freezing.py): every write to a watched weight is seen, whoever makes it (numpy,
+another thread, the kernel's own read(), a discarded page), by every watch over those bytes; a
+forked child and memory other processes can write fall back to hashing; compiled models see
+each training idiom through it and rebuild."""
+
+from __future__ import annotations
+
+import mmap
+import os
+import re
+import subprocess
+import sys
+import threading
+
+import pytest
+import torch
+
+from tests.compile.bpu_helpers import compile_bpu
+from tests.compile.test_live_weights import IDIOMS, Wide, _fresh
+from torch_fl import _C
+from torch_fl.bpu import report
+from torch_fl.bpu.conversion import freezing
+
+UNAVAILABLE = _C._write_watch_unavailable()
+pytestmark = pytest.mark.skipif(bool(UNAVAILABLE), reason=f"no write tracking: {UNAVAILABLE}")
+PAGE = mmap.PAGESIZE
+
+
+def _watch(*tensors: torch.Tensor):
+    watch, why = _C._write_watch([(t.data_ptr(), t.nbytes) for t in tensors])
+    assert watch is not None, why
+    return watch
+
+
+def _set(t: torch.Tensor, index: int, value: float) -> None:
+    t.detach().numpy().reshape(-1)[index] = value  # no version bump, as a numpy user writes
+
+
+def test_every_write_is_seen_and_equal_bytes_are_not_a_change():
+    big = torch.randn(1000, 1000)  # whole pages, watched
+    small = torch.randn(10)  # inside one page: hashed on every check
+    watch = _watch(big, small)
+    assert watch.watched_bytes >= big.nbytes - 2 * PAGE and watch.runs >= 1
+    assert small.nbytes <= watch.hashed_bytes < 2 * PAGE + small.nbytes
+    assert watch.check() == 0 and watch.check() == 0
+    old = big.reshape(-1)[777_777].item()
+    _set(big, 777_777, old)  # the same bytes written: the page is hashed, equal
+    assert watch.check() == 0
+    _set(big, 777_777, old + 1.0)
+    assert watch.check() == 1
+    _set(big, 777_777, old)
+    assert watch.check() == 0  # back to the baked bytes
+    _set(small, 3, 123.0)
+    assert watch.check() == 1
+
+
+def test_the_last_byte_of_a_partial_page_and_the_first_of_a_weight():
+    t = torch.randn(3 * PAGE)  # 12 pages of floats: a partial page at each end unless aligned
+    watch = _watch(t)
+    for index in (0, t.numel() - 1, PAGE // 4, t.numel() // 2):
+        old = t[index].item()
+        _set(t, index, -old - 1.0)
+        assert watch.check() == 1, index
+        _set(t, index, old)
+        assert watch.check() == 0, index
+
+
+def test_two_watches_over_the_same_bytes_both_see_a_write():
+    """The kernel keeps one 'written' bit per page: the first watch's scan re-protects it, so
+    the second learns of the write from the counts the first one made."""
+    t = torch.randn(1 << 20)
+    first, second = _watch(t), _watch(t)
+    _set(t, 500_000, 7.0)
+    assert first.check() == 1 and second.check() == 1
+    third = _watch(t)  # armed after the write: these are its baked bytes
+    assert third.check() == 0
+    del first
+    assert second.check() == 1  # a watch going away keeps the others' counts
+
+
+def test_writes_by_another_thread_the_kernel_and_a_discarded_page():
+    import ctypes
+
+    t = torch.randn(1 << 20)
+    watch = _watch(t)
+    worker = threading.Thread(target=_set, args=(t, 12345, 9.0))
+    worker.start()
+    worker.join()
+    assert watch.check() == 1
+
+    watch = _watch(t)
+    with open("/dev/urandom", "rb") as random_bytes:  # the kernel writes through read()
+        random_bytes.readinto(memoryview(t.numpy()).cast("B")[2 * PAGE : 2 * PAGE + 64])
+    assert watch.check() == 1
+
+    watch = _watch(t)
+    page = (t.data_ptr() + 4 * PAGE) // PAGE * PAGE
+    libc = ctypes.CDLL(None, use_errno=True)
+    assert libc.madvise(ctypes.c_void_p(page), PAGE, 4) == 0  # MADV_DONTNEED: reads zeros
+    assert watch.check() == 1
+
+
+def test_memory_other_processes_write_is_hashed_not_watched(tmp_path):
+    shared = torch.randn(1 << 18).share_memory_()  # another process writes it unseen here
+    watch, why = _C._write_watch([(shared.data_ptr(), shared.nbytes)])
+    assert watch is None and "private anonymous" in why
+    path = tmp_path / "weights.bin"
+    path.write_bytes(torch.randn(1 << 18).numpy().tobytes())
+    mapped = torch.from_file(str(path), shared=False, size=1 << 18)  # a private file mapping
+    own = torch.randn(1 << 18)
+    watch = _watch(mapped, shared, own)
+    assert watch.hashed_bytes >= mapped.nbytes + shared.nbytes
+    assert watch.check() == 0
+    _set(shared, 5, 1e9)
+    assert watch.check() == 1
+
+
+FORKED = """
+import os, torch
+from torch_fl import _C
+t = torch.randn(1 << 20)
+watch, why = _C._write_watch([(t.data_ptr(), t.nbytes)])
+assert watch is not None, why
+pid = os.fork()
+if pid == 0:  # a child's registrations are gone: it must not trust a clean scan
+    os._exit(0 if watch.check() == 2 else 3)
+_, status = os.waitpid(pid, 0)
+code = os.waitstatus_to_exitcode(status)
+assert code == 0, code
+assert watch.check() == 0  # the parent's watch goes on
+t.numpy()[99] += 1.0
+assert watch.check() == 1
+"""
+
+
+def test_a_forked_child_stops_trusting_the_watch():
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    done = subprocess.run(
+        [sys.executable, "-c", FORKED], env=env, timeout=120, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+
+
+def test_frozen_weights_check_through_the_watch():
+    args = [torch.randn(2), torch.randn(1 << 19), torch.randn(4, 4).t(), torch.randn(7)]
+    positions = (1, 2, 3)
+    frozen = freezing.FrozenWeights(positions, args, watch=True)
+    check = frozen.describe()
+    assert check["pass"] == "write-watch" and "MB watched" in check["watch"]
+    assert not frozen.overlap  # the bytes it hashes a call are far under OVERLAP_BYTES
+    assert not frozen.stale(args)
+    _set(args[1], 1000, 5.0)
+    assert frozen.stale(args)
+    frozen = freezing.FrozenWeights(positions, args, watch=True)
+    args[2].data.numpy()[0, 1] = 5.0  # the non-contiguous weight: hashed on every call
+    assert frozen.stale(args)
+    frozen = freezing.FrozenWeights(positions, args, watch=True)
+    _set(args[3], 6, -1.0)  # a weight inside one page
+    assert frozen.stale(args)
+    frozen = freezing.FrozenWeights(positions, args, watch=True)
+    args[1].data = args[1].data.clone()  # other memory: the identity check
+    assert frozen.stale(args)
+
+
+def test_pinned_weights_are_hashed_on_every_call(monkeypatch):
+    """A device writes pinned memory by DMA, unseen by the page tables: not watched."""
+    args = [torch.randn(1 << 19), torch.randn(1 << 19)]
+    pinned = args[1].data_ptr()
+    monkeypatch.setattr(freezing, "_pinned", lambda view: view.data_ptr() == pinned)
+    frozen = freezing.FrozenWeights((0, 1), args, watch=True)
+    assert frozen._watch is not None and frozen._hashed_nbytes >= args[1].nbytes
+    assert not frozen.stale(args)
+    _set(args[1], 10, 3.0)
+    assert frozen.stale(args)
+
+
+def test_a_write_while_the_watch_is_armed_drops_it(monkeypatch):
+    """Between the build's fingerprints and the pages' protection a write is in neither the
+    baked prints nor a later scan: the weights are compared once more after arming."""
+    args = [torch.randn(1 << 19)]
+    arm = _C._write_watch
+
+    def arm_then_write(ranges):
+        out = arm(ranges)
+        _set(args[0], 77, 1e6)
+        return out
+
+    monkeypatch.setattr(freezing._C, "_write_watch", arm_then_write)
+    frozen = freezing.FrozenWeights((0,), args, watch=True)
+    assert frozen._watch is None and "changed while the watch was armed" in frozen._watch_note
+    assert frozen.stale(args)
+
+
+def test_a_dropped_watch_hashes_everything(monkeypatch):
+    args = [torch.randn(1 << 19)]
+    frozen = freezing.FrozenWeights((0,), args, watch=True)
+
+    class Gone:
+        def check(self):
+            return 2
+
+    frozen._watch = Gone()
+    assert not frozen.stale(args) and frozen._watch is None
+    assert frozen.describe()["pass"] != "write-watch"
+    _set(args[0], 1, 2.0)
+    assert frozen.stale(args)
+
+
+@pytest.mark.parametrize("idiom", sorted(set(IDIOMS) - {"buffers_via_data"}))
+def test_compiled_weights_under_the_watch_rebuild_on_every_idiom(idiom):
+    model = Wide().eval()
+    x = torch.randn(4, 512)
+    compiled = compile_bpu(model, executor="sim", sim_threads=1, sim_thread_choice="fixed")
+    with report.collect() as reps, torch.no_grad():
+        before = compiled(x)
+        rt = reps[0].runtimes[0]
+        assert rt.entry.weight_check["pass"] == "write-watch"
+        assert torch.equal(compiled(x), before) and rt.builds == 1
+        IDIOMS[idiom](model)
+        after = compiled(x)
+    assert rt.builds == 2 and not torch.allclose(after, before)
+    assert torch.equal(after, _fresh(model, x, "sim"))
+    text = report.Report(reps).table()
+    assert re.search(
+        r"before the call, write-watch on up to 1 CPU \(2\.\d MB watched in \d+ run", text
+    )
+
+
+def test_weight_watch_off_hashes_every_weight():
+    model = Wide().eval()
+    x = torch.randn(4, 512)
+    compiled = compile_bpu(model, executor="sim", sim_threads=1, weight_watch=False)
+    with report.collect() as reps, torch.no_grad():
+        compiled(x)
+    check = reps[0].runtimes[0].entry.weight_check
+    assert check["pass"] in ("native", "xxh3") and "watch" not in check
