@@ -62,6 +62,7 @@ struct Process {
   std::string reason;
 };
 
+constexpr size_t kMaxRuns = 4096;
 std::mutex g_mutex;  // guards g_process, g_pages and every scan
 Process g_process;
 
@@ -222,6 +223,13 @@ std::unique_ptr<Watch> Watch::arm(const std::vector<std::pair<uintptr_t, size_t>
     } else {
       merged.push_back({a, b});
     }
+  }
+  if (merged.size() > kMaxRuns) {
+    // each run's registration may split a mapping in two: thousands of them would spend the
+    // process's mappings (vm.max_map_count, 65530 by default) and a scan call each
+    *why = "the weights' pages lie in " + std::to_string(merged.size()) + " separate runs (more "
+           "than " + std::to_string(kMaxRuns) + ")";
+    return nullptr;
   }
   std::lock_guard<std::mutex> lock(g_mutex);
   if (!ensure_process()) {

@@ -3,8 +3,12 @@ executor's int8 session (whose weights are pre-packed for the integer kernels).
 
 Version counters alone miss writes through `.data`, `p.data = ...` and numpy views, so each call
 checks, per weight: identity (same tensor object, data pointer, storage size, strides, version
-counter) and then content: a 128-bit fingerprint of the weight's bytes, compared with the one
-taken when the weights were baked. One pass reading the weights once, at memory speed (ResNet-18's
+counter; `_C._TensorIdentity`) and then content. Where Linux tracks writes for us (`watch`,
+csrc/runtime/write_watch.h: userfaultfd's asynchronous write protection read by PAGEMAP_SCAN)
+the content check hashes only the pages written since the last call and the partial pages at
+the weights' ends; otherwise, and for memory the tracking cannot see (shared, file-mapped,
+pinned), a 128-bit fingerprint of the weight's bytes, compared with the one taken when the
+weights were baked. One pass reading the weights once, at memory speed (ResNet-18's
 46.8 MB: measured by scripts/bench_compile.py), and no private copy of the weights. A change that
 leaves the fingerprint equal is about a 2^-64 event for any change not built to collide (one
 changed 8-byte word is always seen by the extension's fingerprint, below);
