@@ -235,3 +235,17 @@ def test_weight_watch_off_hashes_every_weight():
         compiled(x)
     check = reps[0].runtimes[0].entry.weight_check
     assert check["pass"] in ("native", "xxh3") and "watch" not in check
+
+
+def test_flagos_weights_under_the_watch():
+    """flagos weights live in host memory here: watched, and a write through `.data` rebuilds."""
+    model = Wide().eval().to("flagos")
+    x = torch.randn(4, 512, device="flagos")
+    compiled = compile_bpu(model, executor="sim", sim_threads=1, sim_thread_choice="fixed")
+    with report.collect() as reps, torch.no_grad():
+        before = compiled(x)
+        rt = reps[0].runtimes[0]
+        assert rt.entry.weight_check["pass"] == "write-watch"
+        model.fc1.weight.data.mul_(-1.0)
+        after = compiled(x)
+    assert rt.builds == 2 and not torch.allclose(after.cpu(), before.cpu())
