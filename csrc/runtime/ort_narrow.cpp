@@ -390,23 +390,15 @@ Status* compute(void* kernel, KernelContext* context) {
     return nullptr;
   }
   const int64_t row_work = g.ow * g.co16 * taps;
-  const int64_t want = std::max<int64_t>(
-      1, std::min<int64_t>({kMaxPieces, total_rows, total_rows * row_work / kMinPieceWork}));
-  const int64_t per = (total_rows + want - 1) / want;
   const float* sf = static_cast<const float*>(scale.data);
   const int32_t* cf = corr.data();
-  const auto body = [&](int64_t i) {
-    const int64_t r0 = i * per, r1 = std::min(total_rows, r0 + per);
-    if (r0 >= r1) {
-      return;
-    }
+  return run_row_parts(context, total_rows, row_work, kMinPieceWork, [&](int64_t r0, int64_t r1) {
     if (spec.type == kUint8) {
       rows(static_cast<const uint8_t*>(x.data), wt, cf, sf, g, r0, r1, static_cast<uint8_t*>(out));
     } else {
       rows(static_cast<const int8_t*>(x.data), wt, cf, sf, g, r0, r1, static_cast<int8_t*>(out));
     }
-  };
-  return run_parts(context, (total_rows + per - 1) / per, body);
+  });
 }
 
 int input_type(const CustomOp* op, size_t index) {

@@ -9,6 +9,7 @@
 
 #if defined(__linux__)
 #include <fcntl.h>
+#include <pthread.h>
 #include <sys/ioctl.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -74,6 +75,11 @@ std::string errno_text(const char* what) {
 // kernel or a sandbox refuses: userfaultfd needs Linux 5.19 for asynchronous write protection,
 // PAGEMAP_SCAN Linux 6.7; Docker's default seccomp profile blocks userfaultfd.
 bool ensure_process() {
+  // a fork while another thread scans would leave the child's g_mutex locked for good: hold it
+  // across fork, so both sides start with it free
+  static const int fork_safe = ::pthread_atfork([] { g_mutex.lock(); }, [] { g_mutex.unlock(); },
+                                                [] { g_mutex.unlock(); });
+  (void)fork_safe;
   const long pid = static_cast<long>(::getpid());
   if (g_process.pid == pid) return g_process.reason.empty();
   if (g_process.pid != -1) {  // a forked child: the inherited descriptors are its parent's
@@ -313,13 +319,16 @@ size_t Watch::hashed_bytes() const {
 }
 
 Verdict Watch::check() {
+  // a forked child: the kernel dropped its registrations (and this watch's own mutex may have
+  // been held by a parent thread at the fork)
+  if (static_cast<long>(::getpid()) != pid_) return Verdict::kUnknown;
   std::lock_guard<std::mutex> own(mutex_);
   std::vector<size_t> written;
   std::vector<uint64_t> counts;
   uint64_t writes_now = 0;
   {
     std::lock_guard<std::mutex> lock(g_mutex);
-    if (static_cast<long>(::getpid()) != pid_ || g_process.pid != pid_) return Verdict::kUnknown;
+    if (g_process.pid != pid_) return Verdict::kUnknown;
     for (const Run& run : runs_) {
       if (!scan(run.start, run.end, page_size_)) return Verdict::kUnknown;
     }

@@ -15,7 +15,15 @@ import pytest
 import torch
 from onnx import TensorProto, helper, numpy_helper
 
-from tests.support.sim_ops import NP, both, compiled_both_ways, conv_graph, op_session, random_input
+from tests.support.sim_ops import (
+    NP,
+    assert_same_bytes,
+    both,
+    compiled_both_ways,
+    conv_graph,
+    op_session,
+    random_input,
+)
 from torch_fl import _C
 from torch_fl.bpu.conversion.narrow_op import (
     MAX_INPUTS,
@@ -109,14 +117,8 @@ def test_op_is_qlinearconv_byte_for_byte(case, form):
     shape, nchw, outputs, kernel, strides, dilations, pads = CASES[case]
     rng = np.random.default_rng(zlib.crc32(case.encode()))
     model = _qlinearconv(rng, shape, outputs, kernel, strides, dilations, pads, nchw=nchw)
-    for seed in range(3):
-        x = random_input(np.random.default_rng(seed), shape, TensorProto.UINT8)
-        expected, got, ops = both(model, x, lambda m: rewrite_narrow(m, form=form))
-        assert ops == ["NarrowConvU8"]  # the transpose, where there was one, is gone
-        assert got.dtype == expected.dtype and got.shape == expected.shape
-        np.testing.assert_array_equal(got, expected)
-    # the outputs are not trivially saturated: the comparison means something
-    assert len(np.unique(expected)) > min(20, expected.size // 4)
+    # one node: the transpose, where there was one, is gone
+    assert_same_bytes(model, shape, lambda m: rewrite_narrow(m, form=form), "NarrowConvU8")
 
 
 @pytest.mark.parametrize("form", [0, 1], ids=["fastest", "portable"])
@@ -277,8 +279,6 @@ def test_compiled_model_is_unchanged_by_the_op_and_explain_counts_it():
     samples = [torch.randn(2, 3, 30, 34) for _ in range(3)]
     outs, runtimes, lines = compiled_both_ways(model, x, samples, "sim_narrow_op", "narrow")
     sims = runtimes[True]
-    if sims[0]._exec.kernels.path == "float":
-        pytest.skip("no fused kernel path on this CPU: the float path has no narrow op")
     fast = _C._narrow_kernel() == "vnni"
     assert sum(r._exec.narrow_ops for r in sims) == (2 if fast else 0)
     assert sum(r._exec.narrow_ops for r in runtimes[False]) == 0

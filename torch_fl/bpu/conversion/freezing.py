@@ -209,7 +209,9 @@ class FrozenWeights:
         writes it without the CPU's page tables), nor where the kernel refuses (the note says
         why): those weights are hashed whole on every call, as without a watch."""
         views, prints = self._native
-        watched = [v for v in views if not _pinned(v)]
+        pinned = [_pinned(v) for v in views]
+        watched = [v for v, p in zip(views, pinned, strict=True) if not p]
+        rest = tuple(v for v, p in zip(views, pinned, strict=True) if p)
         if not watched:
             self._watch_note = "nothing to watch (no dense weight in pageable memory)"
             return
@@ -223,7 +225,6 @@ class FrozenWeights:
             self._watch_note = "weights changed while the watch was armed: hashing them"
             return
         self._watch = watch
-        rest = tuple(v for v in views if _pinned(v))
         self._unwatched = (rest, _C._fingerprints(rest)) if rest else None
         self._hashed_nbytes = (
             watch.hashed_bytes
