@@ -24,6 +24,7 @@ from torch_fl.bpu.build import PartitionSpec
 from torch_fl.bpu.errors import BpuError, SettingsError, StrictModeError, through_dynamo
 from torch_fl.bpu.gradmode import EVAL_INFERENCE, HOST_TRAINING, INFERENCE
 from torch_fl.bpu.gradmode import plan as plan_grad_mode
+from torch_fl.bpu.guards import use_dict_tag_guards
 from torch_fl.bpu.lowering import apply_rewrites
 from torch_fl.bpu.lowering.resize import keep_interpolate_whole
 from torch_fl.bpu.partitioning import partition_graph
@@ -194,6 +195,7 @@ def bpu_backend(
         if mode not in (None, "default"):
             log.info("bpu: torch.compile(mode=%r) has no effect on this backend", mode)
         settings = resolve(options)
+        use_dict_tag_guards(settings.fast_guards)
         grad = plan_grad_mode(gm, example_inputs)
         if grad.mode != HOST_TRAINING and symbolic(example_inputs):
             return StaticShapes(gm, settings, grad, _compile_graph)

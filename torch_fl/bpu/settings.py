@@ -383,6 +383,16 @@ class BpuSettings:
         "weights whole (explain() says which). False: always hash every weight.",
         "FLAGOS_BPU_WEIGHT_WATCH",
     )
+    fast_guards: bool = _option(
+        True,
+        _parse_bool,
+        "bool",
+        "Build the Dynamo guards of the frames this backend compiles with Dynamo's recursive "
+        "dict-tag check (`torch._dynamo.config.use_recursive_dict_tags_for_guards`, for those "
+        "frames only): a call compares the version tags of the module dicts instead of running "
+        "every guard, until one changes. False: Dynamo's default guards.",
+        "FLAGOS_BPU_FAST_GUARDS",
+    )
     sim_kernels: str = _option(
         "auto",
         _choice(SIM_KERNELS),
