@@ -26,9 +26,11 @@ class Net(nn.Module):
         self.body = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.Conv2d(8, 8, 1))
         self.head = nn.Sequential(nn.Flatten(), nn.Linear(8 * 8 * 8, 4))
         self.doubled = False
+        self.options = {"shift": 0.0}  # containers forward reads, changed in place below
+        self.gains = [1.0]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = self.head(self.body(x))
+        y = self.head(self.body(x)) * self.gains[0] + self.options["shift"]
         return y * 2 if self.doubled else y
 
 
@@ -142,6 +144,14 @@ def _flag(m: Net) -> None:
     m.doubled = True
 
 
+def _dict_in_place(m: Net) -> None:
+    m.options["shift"] = 1.5  # the module's own dict is unchanged: the nested dict's tag is not
+
+
+def _list_in_place(m: Net) -> None:
+    m.gains[0] = 3.0  # a list is no dict: its guards always run
+
+
 def _nested_flag(m: Net) -> None:
     m.body[1].inplace = True  # a module attribute forward reads: a guard on it
 
@@ -161,13 +171,23 @@ def _entries_after(change, fast: bool) -> int:
 
 
 @pytest.mark.parametrize(
-    "change", [_replace_conv, _replace_weight, _drop_bias, _flag, _nested_flag]
+    "change",
+    [
+        _replace_conv,
+        _replace_weight,
+        _drop_bias,
+        _flag,
+        _nested_flag,
+        _dict_in_place,
+        _list_in_place,
+    ],
 )
 def test_each_change_gets_the_right_answer_and_the_defaults_recompiles(dynamo, change):
     # a replaced module or parameter of the same shapes is a new graph input, no recompile;
-    # a changed flag or a dropped bias changes the graph: both guard kinds see the same
+    # a changed flag, container value or a dropped bias changes the graph: both guard kinds
+    # see the same
     assert _entries_after(change, fast=True) == _entries_after(change, fast=False)
-    if change in (_drop_bias, _flag, _nested_flag):
+    if change in (_drop_bias, _flag, _nested_flag, _dict_in_place, _list_in_place):
         assert _entries_after(change, fast=True) == 2
 
 
