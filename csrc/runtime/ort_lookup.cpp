@@ -133,7 +133,7 @@ TFL_VBMI void lookup_floats_vbmi(const float* table, const uint8_t* x, float* y,
 
 // mean_floats (ort_lookup.h) 64 columns at a time, the looked-up floats added in registers.
 TFL_VBMI void mean_floats_vbmi(const float* table, const uint8_t* x, size_t rows, size_t cols,
-                               float* y) {
+                               size_t stride, float* y) {
   FloatPlanes p;
   make_planes(table, &p);
   const __m512 div = _mm512_set1_ps(static_cast<float>(rows));
@@ -144,7 +144,7 @@ TFL_VBMI void mean_floats_vbmi(const float* table, const uint8_t* x, size_t rows
     lookup64(p, _mm512_maskz_loadu_epi8(in, x + c), q);
     for (int k = 0; k < 4; ++k) acc[k] = _mm512_castsi512_ps(q[k]);
     for (size_t r = 1; r < rows; ++r) {
-      lookup64(p, _mm512_maskz_loadu_epi8(in, x + r * cols + c), q);
+      lookup64(p, _mm512_maskz_loadu_epi8(in, x + r * stride + c), q);
       for (int k = 0; k < 4; ++k) acc[k] = _mm512_add_ps(acc[k], _mm512_castsi512_ps(q[k]));
     }
     for (int k = 0; k < 4; ++k) {
@@ -238,12 +238,12 @@ void lookup_byte_pairs(const uint8_t* table, const uint8_t* a, const uint8_t* b,
 }
 
 void mean_floats_portable(const float* table, const uint8_t* x, size_t rows, size_t cols,
-                          float* y) {
+                          size_t stride, float* y) {
   for (size_t k = 0; k < cols; ++k) {
     y[k] = table[x[k]];
   }
   for (size_t r = 1; r < rows; ++r) {
-    const uint8_t* row = x + r * cols;
+    const uint8_t* row = x + r * stride;
     for (size_t k = 0; k < cols; ++k) {
       y[k] += table[row[k]];
     }
@@ -270,9 +270,13 @@ namespace {
 using namespace torch_fl::ort;
 
 // The least outputs of a piece (ort_kernel.h, Pieces): handing one to another thread costs about
-// 2 us here.
-constexpr int64_t kMinBytePiece = 131072;  // byte lookups: ~45 GB/s, 128 KB is ~3 us
-constexpr int64_t kMinPiece = 16384;       // float results and pairs: 5-10x slower per output
+// 2 us here. Tuned on MobileNetV3's sim session at batch 1 (2-vCPU EPYC, in one process, blocks
+// of ten runs in turns): with 16384 / 4096 (and ort_mean.cpp's 8192) its 2-thread run took 0.836
+// against 0.898 ms with the earlier 131072 / 16384 (and a mean on one thread); on 1 thread each
+// change alone came within 0.004 ms of 1.156 (one thread runs the pieces in turn). Its tensors
+// at batch 1 are 14 000 to 150 000 elements: the earlier bounds kept most of them on one thread.
+constexpr int64_t kMinBytePiece = 16384;  // byte lookups: ~45 GB/s, 16 KB is ~0.4 us
+constexpr int64_t kMinPiece = 4096;       // float results and pairs: 5-10x slower per output
 
 bool is_byte_type(int type) {
   return type == kUint8 || type == kInt8;
@@ -518,15 +522,15 @@ void lookup_floats(const float* table, const uint8_t* x, float* y, size_t n, boo
   ort_lookup::lookup_floats_portable(table, x, y, n);
 }
 
-void mean_floats(const float* table, const uint8_t* x, size_t rows, size_t cols, float* y,
-                 bool portable) {
+void mean_floats(const float* table, const uint8_t* x, size_t rows, size_t cols, size_t stride,
+                 float* y, bool portable) {
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
   if (!portable && ort_lookup::have_vbmi()) {
-    ort_lookup::mean_floats_vbmi(table, x, rows, cols, y);
+    ort_lookup::mean_floats_vbmi(table, x, rows, cols, stride, y);
     return;
   }
 #endif
-  ort_lookup::mean_floats_portable(table, x, rows, cols, y);
+  ort_lookup::mean_floats_portable(table, x, rows, cols, stride, y);
 }
 
 const char* lookup_kernel() {

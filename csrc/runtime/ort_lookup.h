@@ -16,11 +16,12 @@ void lookup_bytes(const uint8_t* table, const uint8_t* x, uint8_t* y, size_t n,
 void lookup_floats(const float* table, const uint8_t* x, float* y, size_t n,
                    bool portable = false);
 
-// y[k] = (table[x[k]] + table[x[cols + k]] + ... + table[x[(rows - 1) cols + k]]) / rows for
-// k < cols, a table of 256 floats, the additions in row order (ort_mean.cpp); `portable` as for
-// lookup_bytes (the AVX512-VBMI form or the plain loop).
-void mean_floats(const float* table, const uint8_t* x, size_t rows, size_t cols, float* y,
-                 bool portable = false);
+// y[k] = (table[x[k]] + table[x[stride + k]] + ... + table[x[(rows - 1) stride + k]]) / rows
+// for k < cols, a table of 256 floats, the additions in row order (ort_mean.cpp: `cols` of a row
+// of `stride`, so that threads can take column ranges); `portable` as for lookup_bytes (the
+// AVX512-VBMI form or the plain loop).
+void mean_floats(const float* table, const uint8_t* x, size_t rows, size_t cols, size_t stride,
+                 float* y, bool portable = false);
 
 // Which form lookup_bytes uses here: "avx512vbmi", "neon" or "portable" (lookup_floats: the
 // AVX512-VBMI form or the plain loop).

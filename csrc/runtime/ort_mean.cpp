@@ -23,6 +23,7 @@
 #include "runtime/ort_kernel.h"
 #include "runtime/ort_lookup.h"
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -35,6 +36,11 @@ using namespace torch_fl::ort;
 Status* fail(const std::string& what) {
   return error("torch_fl.bpu LookupMeanF32: " + what);
 }
+
+// Table lookups (rows x columns) a piece makes at least: handing a piece to another thread costs
+// ~2 us (ort_lookup.cpp, where the bounds were tuned together). Pieces are ranges of 64 columns,
+// each added up in row order, so the sums are those of one thread.
+constexpr int64_t kMinPieceWork = 8192;
 
 Status* compute(void* kernel, KernelContext* context) {
   const char* op = static_cast<const TypedOp*>(kernel)->name;
@@ -91,10 +97,19 @@ Status* compute(void* kernel, KernelContext* context) {
   // time took 43 us there, and its session ran slower than with the separate lookup and
   // ReduceMean (fastest of nine blocks of 100 runs at batch 1: 0.798 and 0.790 against 0.703 and
   // 0.703 ms, by hand)
-  mean_floats(static_cast<const float*>(table.data), static_cast<const uint8_t*>(x.data),
-              static_cast<size_t>(rows), static_cast<size_t>(cols), static_cast<float*>(out),
-              opt[1] != 0);
-  return nullptr;
+  const float* tab = static_cast<const float*>(table.data);
+  const uint8_t* in = static_cast<const uint8_t*>(x.data);
+  float* y = static_cast<float*>(out);
+  const bool portable = opt[1] != 0;
+  const int64_t chunks = (cols + 63) / 64;
+  const int64_t want =
+      std::max<int64_t>(1, std::min<int64_t>({kMaxPieces, chunks, rows * cols / kMinPieceWork}));
+  const int64_t per = (chunks + want - 1) / want * 64;  // columns a piece, whole 64s
+  return run_parts(context, (cols + per - 1) / per, [&](int64_t i) {
+    const int64_t c0 = i * per, c1 = std::min(cols, c0 + per);
+    mean_floats(tab, in + c0, static_cast<size_t>(rows), static_cast<size_t>(c1 - c0),
+                static_cast<size_t>(cols), y + c0, portable);
+  });
 }
 
 int input_type(const CustomOp*, size_t index) {

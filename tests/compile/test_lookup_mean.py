@@ -86,6 +86,24 @@ def test_op_is_onnx_runtimes_reducemean_float_for_float(case, form):
     np.testing.assert_array_equal(got, expected)
 
 
+# ranges of 64 columns for the session's threads (ort_mean.cpp): 240 columns are four ranges, 576
+# nine, 83 two (the second partial), 16 one; and a mean too small to split at all
+SPLIT_CASES = [(1, 14, 14, 240), (1, 7, 7, 576), (1, 50, 3, 83), (1, 56, 56, 16), (1, 2, 2, 130)]
+
+
+@pytest.mark.parametrize("form", [0, 1], ids=["fastest", "portable"])
+@pytest.mark.parametrize("threads", [2, 3])
+@pytest.mark.parametrize("shape", SPLIT_CASES, ids=lambda s: "x".join(map(str, s[1:])))
+def test_op_split_over_threads_is_reducemean_float_for_float(shape, threads, form):
+    model = _pair(shape, [1, 2], seed=4)
+    fused, count = _fused(model, _original(shape, [1, 2]), form)
+    assert count == 1
+    x = random_input(np.random.default_rng(5), shape, TensorProto.UINT8)
+    expected = op_session(model).run(None, {"x": x})[0]
+    got = op_session(fused, threads).run(None, {"x": x})[0]
+    assert got.tobytes() == expected.tobytes()
+
+
 def test_the_order_of_the_additions_matters_for_these_tables():
     """The comparison above means something: the same values added last row first give other
     floats."""
@@ -187,4 +205,8 @@ def test_op_matches_reducemean_on_this_cpu(case):
     x = random_input(np.random.default_rng(6), shape, x_type)
     np.testing.assert_array_equal(
         op_session(fused).run(None, {"x": x})[0], op_session(model).run(None, {"x": x})[0]
+    )
+    # split over two threads (column ranges of ORT's pool on the board): the same floats
+    assert op_session(fused, 2).run(None, {"x": x})[0].tobytes() == (
+        op_session(model).run(None, {"x": x})[0].tobytes()
     )

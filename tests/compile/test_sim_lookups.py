@@ -136,7 +136,11 @@ def test_a_graph_with_no_chain_gets_no_optimization_pass(monkeypatch):
     from torch_fl.bpu.conversion.lookups import has_chains
     from torch_fl.bpu.conversion.session_graph import SessionGraph, session_graph
 
-    model, x = build("resnet18")  # convs and Relus only: every Relu moves after its Q
+    torch.manual_seed(0)
+    model = nn.Sequential(  # convs and a batch norm: no activation at all
+        nn.Conv2d(16, 16, 3, padding=1), nn.BatchNorm2d(16), nn.Conv2d(16, 16, 1)
+    ).eval()
+    x = torch.randn(1, 16, 10, 10)
     _, sims, _, _ = _run(model, x, [torch.randn(x.shape) for _ in range(2)])
     path = sims[0]._exec.kernels.path
     if path == "float":
@@ -149,8 +153,29 @@ def test_a_graph_with_no_chain_gets_no_optimization_pass(monkeypatch):
 
     monkeypatch.setattr(ort, "InferenceSession", no_session)
     assert session_graph(graph, executors.UNFUSED, True, False) == SessionGraph(None, 0, 0)
-    # nor for one whose grouped convs are all of aligned widths (ResNet-18 has none at all)
+    # nor for one whose grouped convs are all of aligned widths (this one has none at all)
     assert session_graph(graph, executors.UNFUSED, True, True) == SessionGraph(None, 0, 0)
+
+
+def test_relus_moved_after_their_quantize_are_lookups():
+    """ResNet-18's Relus: the integer form makes each a Max of the quantized values and the
+    zero point, which the session graph holds as byte lookups (conversion/lookups.byte_clamp)."""
+    from torch_fl.bpu.conversion.integer_form import to_integer_form
+    from torch_fl.bpu.conversion.lookups import has_chains
+
+    model, x = build("resnet18")
+    ref = model(x)
+    samples = [torch.randn(x.shape) for _ in range(2)]
+    out, sims, _, _ = _run(model, x, samples)
+    if sims[0]._exec.kernels.path == "float":
+        pytest.skip("no fused kernel path on this CPU: the float path has no lookups")
+    graph = to_integer_form(_reference(sims[0]), sims[0]._exec.kernels.path)
+    clamps = sum(n.op_type == "Max" for n in graph.graph.node)
+    assert clamps > 0 and has_chains(graph)
+    assert sims[0]._exec.lookups == clamps
+    plain, plain_sims, _, _ = _run(model, x, samples, sim_lookups=False)
+    assert plain_sims[0]._exec.lookups == 0
+    assert torch.equal(out, plain) and out.shape == ref.shape
 
 
 def _reference(runtime):

@@ -447,8 +447,9 @@ def _check_pairs(threads: int, a_shape, b_shape) -> None:
 
 
 @pytest.mark.parametrize("threads", [2, 3])
-# whole below a piece, then the first split of float results (2 x 16 K) and of bytes (2 x 128 K)
-@pytest.mark.parametrize("n", [16383, 32768, 262144, 1000003])
+# whole below a piece, then the first split of float results (2 x 4 K) and of bytes (2 x 16 K),
+# then many pieces
+@pytest.mark.parametrize("n", [4095, 8192, 32768, 262144, 1000003])
 def test_one_input_lookups_split_over_threads_are_exact(threads, n):
     rng = np.random.default_rng(n)
     x = rng.integers(0, 256, n, dtype=np.uint8)
@@ -489,7 +490,7 @@ def test_both_forms_of_each_lookup_agree(n):
 @pytest.mark.board
 def test_on_this_cpu_the_lookup_ops_load_and_give_the_float_ops_numbers():
     """The board's check (aarch64, its own ONNX Runtime build): the custom-op interface, each
-    kind of table, and a refusal, in a few sessions."""
+    kind of table (a clamp of bytes among them), and a refusal, in a few sessions."""
     for op in ("HardSwish", "Sigmoid", "Gelu"):
         nodes, inits = CHAINS[op]
         model = _model(nodes, [("x", U8, [3, 515], 0.043, 131)], U8, inits)
@@ -508,6 +509,77 @@ def test_on_this_cpu_the_lookup_ops_load_and_give_the_float_ops_numbers():
     _same_outputs(
         fused, model, {"x": _bytes([2, 6, 9, 11], U8, 2), "s": _bytes([2, 6, 1, 1], I8, 3)}
     )
+    clamp = _clamp_model("Max", ["x", "z"], {"z": np.uint8(128)})  # a Relu after its Q
+    fused, count = _fused(clamp)
+    assert count == 1
+    feed = {"x": _bytes([3, 2051], U8, 5)}
+    np.testing.assert_array_equal(_run(fused, feed, True), _run(clamp, feed, False))
     model = _op_model("LookupU8", np.zeros(255, np.uint8), [(U8, [4])])
     with pytest.raises(Exception, match="table has 255 entries; it needs 256"):
         _session(model).run(None, {"in0": np.zeros(4, np.uint8)})
+
+
+def _clamp_model(op: str, inputs: list[str], consts: dict, kind=U8, opset=17) -> onnx.ModelProto:
+    """x (8-bit) -> op(inputs) -> y: a clamp of quantized values, as integer_form.py writes the
+    Relu it moves after its Q (Max(q, zero point))."""
+    inits = [numpy_helper.from_array(np.asarray(v), k) for k, v in consts.items()]
+    graph = helper.make_graph(
+        [helper.make_node(op, inputs, ["y"], name="clamp")], "clamp",
+        [helper.make_tensor_value_info("x", kind, [3, 2051])],
+        [helper.make_tensor_value_info("y", kind, None)], inits,
+    )  # fmt: skip
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=8)
+
+
+BYTE_CLAMPS = {
+    "relu moved after Q": ("Max", ["x", "z"], {"z": np.uint8(128)}, U8),
+    "max of three": ("Max", ["x", "a", "b"], {"a": np.uint8(40), "b": np.uint8(200)}, U8),
+    "min, int8": ("Min", ["x", "c"], {"c": np.int8(-7)}, I8),
+    "clip, both bounds": (
+        "Clip",
+        ["x", "lo", "hi"],
+        {"lo": np.uint8(128), "hi": np.uint8(171)},
+        U8,
+    ),
+    "clip, high only, int8": ("Clip", ["x", "", "hi"], {"hi": np.int8(90)}, I8),
+    "clip, low only": ("Clip", ["x", "lo"], {"lo": np.uint8(3)}, U8),
+    "clip, low above high": (
+        "Clip",
+        ["x", "lo", "hi"],
+        {"lo": np.int8(50), "hi": np.int8(-20)},
+        I8,
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BYTE_CLAMPS))
+def test_a_clamp_of_bytes_is_a_lookup_with_onnx_runtimes_numbers(case):
+    op, inputs, consts, kind = BYTE_CLAMPS[case]
+    model = _clamp_model(op, inputs, consts, kind)
+    fused, count = _fused(model)
+    assert count == 1
+    assert [n.op_type for n in fused.graph.node] == [f"Lookup{'U8' if kind == U8 else 'I8'}"]
+    assert not {i.name for i in fused.graph.initializer} & set(consts)  # the bounds are gone
+    feed = {"x": _bytes([3, 2051], kind, 4)}
+    want = _run(model, feed, False)
+    got = _run(fused, feed, True)
+    assert got.dtype == want.dtype and got.shape == want.shape
+    np.testing.assert_array_equal(got, want)
+
+
+def test_clamps_that_are_not_byte_tables_stay():
+    from torch_fl.bpu.conversion.lookups import has_chains
+
+    two_tensors = _clamp_model("Max", ["x", "x"], {})
+    float_bound = _clamp_model("Max", ["x", "c"], {"c": np.float32(0.5)}, F)
+    wide_bound = _clamp_model("Max", ["x", "c"], {"c": np.full(2051, 128, np.uint8)})
+    mixed = _clamp_model("Clip", ["x", "lo", "hi"], {"lo": np.uint8(1), "hi": np.int8(9)})
+    no_bound = _clamp_model("Clip", ["x"], {})
+    for model in (two_tensors, float_bound, wide_bound, mixed, no_bound):
+        assert _fused(model)[1] == 0
+        assert not has_chains(model)
+    # a bound computed at run time
+    model = _clamp_model("Max", ["x", "z2"], {"z": np.uint8(128)})
+    model.graph.node.insert(0, helper.make_node("Identity", ["z"], ["z2"]))
+    assert _fused(model)[1] == 0
+    assert has_chains(_clamp_model("Max", ["x", "z"], {"z": np.uint8(128)}))
