@@ -257,8 +257,11 @@ def test_compiled_weights_under_the_watch_rebuild_on_every_idiom(idiom):
     assert rt.builds == 2 and not torch.allclose(after, before)
     assert torch.equal(after, _fresh(model, x, "sim"))
     text = report.Report(reps).table()
+    # its check, timed when the watch was armed, is far under freezing.OVERLAP_CHECK_S
     assert re.search(
-        r"before the call, write-watch on up to 1 CPU \(2\.\d MB watched in \d+ run", text
+        r"before the call, write-watch on up to 1 CPU; timed when armed: write-watch "
+        r"[\d.]+ us \(2\.\d MB watched in \d+ run",
+        text,
     )
 
 
@@ -320,3 +323,36 @@ def test_a_kernel_that_refuses_leaves_the_full_pass(monkeypatch):
     assert not frozen.stale(args)
     _set(args[0], 99, -7.0)
     assert frozen.stale(args)
+
+
+@needs_watch
+def test_a_costly_watched_check_runs_beside_the_call(monkeypatch):
+    """freezing.OVERLAP_CHECK_S: the watched check is timed when armed, and one that took that
+    long or more runs on the checker thread where a CPU is free; a write is still seen there."""
+    monkeypatch.setattr(freezing, "_usable_cpus", lambda: 4)
+    args = [torch.randn(1 << 19), torch.randn(300)]
+    frozen = freezing.FrozenWeights((0, 1), args, watch=True)
+    check = frozen.describe()
+    assert check["pass"] == "write-watch" and check["timed_when"] == "when armed"
+    timed = check["timed_us"]["write-watch"]
+    assert 0 < timed < 1e6
+    monkeypatch.setattr(freezing, "OVERLAP_CHECK_S", timed / 2 * 1e-6)
+    assert frozen.can_overlap(1) and not frozen.can_overlap(4)
+    monkeypatch.setattr(freezing, "OVERLAP_CHECK_S", timed * 2 * 1e-6)
+    assert not frozen.can_overlap(1)
+    # end to end: beside the call, through the watch, and a write through .data rebuilds
+    monkeypatch.setattr(freezing, "OVERLAP_CHECK_S", 0.0)
+    model = Wide().eval()
+    x = torch.randn(4, 512)
+    compiled = compile_bpu(model, executor="sim", sim_threads=1, sim_thread_choice="fixed")
+    with report.collect() as reps, torch.no_grad():
+        before = compiled(x)
+        rt = reps[0].runtimes[0]
+        assert rt._frozen.overlap and rt.entry.weight_check["beside"]
+        assert rt.entry.weight_check["pass"] == "write-watch"
+        assert torch.equal(compiled(x), before) and rt.builds == 1
+        model.fc1.weight.data.mul_(-1.0)
+        after = compiled(x)
+    assert rt.builds == 2 and torch.equal(after, _fresh(model, x, "sim"))
+    text = report.Report(reps).table()
+    assert re.search(r"beside the call, write-watch on up to 3 CPUs; timed when armed", text)

@@ -227,8 +227,9 @@ class Report:
                 where = "beside the call" if check["beside"] else "before the call"
                 cpus = f"{check['threads']} CPU{'s' * (check['threads'] > 1)}"
                 timed = check.get("timed_us")
+                when = check.get("timed_when", "on first use")
                 why = (
-                    "; timed on first use: " + ", ".join(f"{k} {v:g} us" for k, v in timed.items())
+                    f"; timed {when}: " + ", ".join(f"{k} {v:g} us" for k, v in timed.items())
                     if timed
                     else ""
                 )

@@ -62,6 +62,14 @@ def _hasher():
 
 
 OVERLAP_BYTES = 1 << 20
+OVERLAP_CHECK_S = 40e-6
+"""... or where, with a write watch, the check before the call took at least this long (timed
+once when the watch is armed: the page-table scan costs more than its few hashed bytes say).
+Handing the check to the checker thread costs the caller ~15 us (a submit, then a result that
+is ready: 11 and 3 us, by hand); MobileNetV3's watched check, 9.9 MB in 47 runs and 0.32 MB
+hashed, took ~75 us before the call and its whole call at batch 1 on 1 thread ran 1.539
+against 1.704 ms and 1.422 against 1.470 ms with the check beside it (two processes, medians
+of 40 blocks of ten calls in turns, by hand)."""
 _pool: tuple[int, ThreadPoolExecutor] | None = None
 _pool_lock = threading.Lock()
 
@@ -148,6 +156,7 @@ class FrozenWeights:
         "_watch_note",
         "_unwatched",
         "_hashed_nbytes",
+        "_check_s",
     )
 
     def __init__(
@@ -192,15 +201,18 @@ class FrozenWeights:
         self._watch_note = "off (weight_watch=False)"
         self._unwatched: tuple[tuple[torch.Tensor, ...], bytes] | None = None
         self._hashed_nbytes = self._nbytes
-        if watch:
-            self._arm_watch()
-        self.occupy(busy_cpus)
         # before the call every CPU is free: the check in the caller's thread may use them all
         self._inline_threads = max(_usable_cpus(), 1)
         # which pass the check before the call takes, timed when it is first needed: a check that
         # always runs beside the call (the board's BPU) never times it
         self._inline_pass: str | None = None
         self._inline_times: dict[str, float] | None = None
+        self._check_s: float | None = None
+        if watch:
+            self._arm_watch()
+            if self._watch is not None and self._hashed_nbytes < OVERLAP_BYTES:
+                self._check_s = self._time_check(args)
+        self.occupy(busy_cpus)
 
     def _arm_watch(self) -> None:
         """Hand the dense weights' pages to the kernel's write tracking (csrc/runtime/
@@ -236,10 +248,24 @@ class FrozenWeights:
             f"{self._hashed_nbytes / 1e6:.2f} MB hashed on every call"
         )
 
+    def _time_check(self, args: Sequence[torch.Tensor]) -> float:
+        """Seconds of the watched check before the call: the best of three (each scans and
+        re-protects the pages, as a call's check does)."""
+        best = float("inf")
+        for _ in range(3):
+            start = time.perf_counter()
+            self.stale(args)
+            best = min(best, time.perf_counter() - start)
+        return best
+
     def can_overlap(self, busy_cpus: int) -> bool:
         """Whether the check runs beside an executor that keeps `busy_cpus` CPUs busy: where it
-        hashes a megabyte or more (with a watch: only the bytes it hashes on every call)."""
-        return self._hashed_nbytes >= OVERLAP_BYTES and _usable_cpus() > max(busy_cpus, 1)
+        hashes a megabyte or more (with a watch: only the bytes it hashes on every call), or
+        its watched check took `OVERLAP_CHECK_S` or more when timed."""
+        costly = self._hashed_nbytes >= OVERLAP_BYTES or (
+            self._check_s is not None and self._check_s >= OVERLAP_CHECK_S
+        )
+        return costly and _usable_cpus() > max(busy_cpus, 1)
 
     def occupy(self, busy_cpus: int) -> None:
         """The executor keeps `busy_cpus` CPUs busy while it runs: check beside it where one is
@@ -283,11 +309,14 @@ class FrozenWeights:
         CPUs at most (the extension hashes whole weights, one thread a megabyte, 8 at most),
         with which pass (and the timing of both, where it chose)."""
         if self._watch is not None:
+            timed = {"write-watch": round(self._check_s * 1e6, 1)} if self._check_s else None
             return {
                 "beside": self.overlap,
                 "threads": self._beside_threads if self.overlap else 1,
                 "pass": "write-watch",
                 "watch": self._watch_note,
+                "timed_us": timed,
+                "timed_when": "when armed",
             }
         if self.overlap:
             return {"beside": True, "threads": self._beside_threads, "pass": "native"}
