@@ -5,6 +5,7 @@
 #include <torch/csrc/Generator.h>
 #include <torch/csrc/autograd/python_variable.h>
 
+#include <algorithm>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -35,24 +36,51 @@ struct TensorIdentity {
     uint32_t version;
     std::vector<int64_t> strides;
     size_t storage_nbytes;
-    bool operator==(const Mark& o) const {
-      return data == o.data && version == o.version && strides == o.strides &&
-             storage_nbytes == o.storage_nbytes;
-    }
   };
   std::vector<py::object> objects;
+  // each object's TensorImpl: a tensor object keeps its TensorImpl for life (`p.data = t`
+  // changes the impl's storage and metadata, not the impl), and `objects` keeps them alive
+  std::vector<c10::TensorImpl*> impls;
   std::vector<Mark> marks;
 
   static Mark mark(const at::Tensor& t) {
     return {t.unsafeGetTensorImpl()->data(), t._version(), t.strides().vec(),
             t.has_storage() ? t.storage().nbytes() : 0};
   }
-  bool same(py::sequence tensors) const {
-    if (static_cast<size_t>(py::len(tensors)) != objects.size()) return false;
-    for (size_t i = 0; i < objects.size(); ++i) {
-      py::handle obj = tensors[i];
-      if (obj.ptr() != objects[i].ptr()) return false;
-      if (!(mark(THPVariable_Unpack(obj.ptr())) == marks[i])) return false;
+  static bool same_mark(const c10::TensorImpl* impl, const Mark& m) {
+    if (impl->data() != m.data || impl->version_counter().current_version() != m.version) {
+      return false;
+    }
+    const c10::IntArrayRef strides = impl->strides();
+    if (!std::equal(strides.begin(), strides.end(), m.strides.begin(), m.strides.end())) {
+      return false;
+    }
+    return (impl->has_storage() ? impl->storage().nbytes() : 0) == m.storage_nbytes;
+  }
+  // Called on every call of a partition with baked weights, often after the process idled
+  // (a robot's control loop), when these 200-odd scattered objects are out of the caches: the
+  // memory is touched in passes whose loads do not wait on each other (the impls, then their
+  // storages, prefetched) rather than one chain of misses per tensor, and nothing is allocated.
+  // MobileNetV3's 210 weights after 20 ms idle: 0.18 ms before, by hand (see freezing.py).
+  bool same(py::handle tensors) const {
+    PyObject* fast = PySequence_Fast(tensors.ptr(), "_TensorIdentity.same: expected a sequence");
+    if (fast == nullptr) throw py::error_already_set();
+    const py::object hold = py::reinterpret_steal<py::object>(fast);
+    const size_t n = static_cast<size_t>(PySequence_Fast_GET_SIZE(fast));
+    if (n != objects.size()) return false;
+    PyObject** items = PySequence_Fast_ITEMS(fast);
+    for (size_t i = 0; i < n; ++i) {
+      if (items[i] != objects[i].ptr()) return false;
+    }
+    for (const c10::TensorImpl* impl : impls) {
+      const char* at = reinterpret_cast<const char*>(impl);
+      __builtin_prefetch(at), __builtin_prefetch(at + 64), __builtin_prefetch(at + 128);
+    }
+    for (const c10::TensorImpl* impl : impls) {
+      if (impl->has_storage()) __builtin_prefetch(impl->storage().unsafeGetStorageImpl());
+    }
+    for (size_t i = 0; i < n; ++i) {
+      if (!same_mark(impls[i], marks[i])) return false;
     }
     return true;
   }
@@ -188,7 +216,9 @@ PYBIND11_MODULE(_C, m) {
              for (py::handle obj : tensors) {
                TORCH_CHECK(THPVariable_Check(obj.ptr()), "_TensorIdentity: expected tensors");
                id->objects.push_back(py::reinterpret_borrow<py::object>(obj));
-               id->marks.push_back(TensorIdentity::mark(THPVariable_Unpack(obj.ptr())));
+               const at::Tensor& t = THPVariable_Unpack(obj.ptr());
+               id->impls.push_back(t.unsafeGetTensorImpl());
+               id->marks.push_back(TensorIdentity::mark(t));
              }
              return id;
            }),

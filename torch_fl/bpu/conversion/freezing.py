@@ -135,7 +135,9 @@ class FrozenWeights:
     """The weights one build of a partition baked in, to detect any later change.
 
     A call's check compares identities in the extension (`_C._TensorIdentity`: MobileNetV3's
-    210 weights took 57 us a call as five Python maps over them), then content: with a watch,
+    210 weights took 57 us a call as five Python maps over them, 3.2 us there; after 20 ms idle,
+    with its objects out of the caches, 0.07 ms where one chain of misses per tensor took 0.18,
+    by hand, at batch 1 on 2 ORT threads), then content: with a watch,
     the pages written since the last call and the partial pages; without, every byte."""
 
     __slots__ = (
