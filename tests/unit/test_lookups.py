@@ -573,9 +573,10 @@ def test_clamps_that_are_not_byte_tables_stay():
     two_tensors = _clamp_model("Max", ["x", "x"], {})
     float_bound = _clamp_model("Max", ["x", "c"], {"c": np.float32(0.5)}, F)
     wide_bound = _clamp_model("Max", ["x", "c"], {"c": np.full(2051, 128, np.uint8)})
+    rank_one = _clamp_model("Max", ["x", "c"], {"c": np.full(1, 128, np.uint8)})
     mixed = _clamp_model("Clip", ["x", "lo", "hi"], {"lo": np.uint8(1), "hi": np.int8(9)})
     no_bound = _clamp_model("Clip", ["x"], {})
-    for model in (two_tensors, float_bound, wide_bound, mixed, no_bound):
+    for model in (two_tensors, float_bound, wide_bound, rank_one, mixed, no_bound):
         assert _fused(model)[1] == 0
         assert not has_chains(model)
     # a bound computed at run time

@@ -396,16 +396,17 @@ def byte_clamp(graph: _Graph, node: onnx.NodeProto) -> np.ndarray | None:
     """The 256-entry table of `node` where it clamps one 8-bit tensor by scalar constants of its
     type (`Max(q, z)`, `Min(q, c)`, `Clip(q, lo, hi)`, optional bounds left out); else None.
 
-    The type is the constants' (ONNX gives these ops' inputs one type): a bound of another type,
-    a bound computed at run time or more than one non-constant input leaves the node alone."""
+    The type is the constants' (ONNX gives these ops' inputs one type): a bound of another type
+    or of rank above 0, a bound computed at run time or more than one non-constant input leaves
+    the node alone."""
     if node.domain not in ("", "ai.onnx") or node.op_type not in CLAMPS or len(node.output) != 1:
         return None
     data = [n for n in node.input if n and n not in graph.constant_names]
     if len(data) != 1 or (node.op_type == "Clip" and node.input[0] != data[0]):
         return None
     bounds = [graph.value(n) for n in node.input if n and n != data[0]]
-    if not bounds or any(b is None or b.size != 1 for b in bounds):
-        return None
+    if not bounds or any(b is None or b.ndim != 0 for b in bounds):
+        return None  # a bound of shape [1] would broadcast a scalar input to [1]
     kinds = {b.dtype for b in bounds}
     if len(kinds) != 1 or kinds.pop() not in (np.uint8, np.int8):
         return None
