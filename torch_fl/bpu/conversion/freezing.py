@@ -14,9 +14,10 @@ leaves the fingerprint equal is about a 2^-64 event for any change not built to 
 changed 8-byte word is always seen by the extension's fingerprint, below);
 `sim_weights="live"` (quantize in the graph on every call) rules out even that, at float speed.
 
-Where the weights are large (>= OVERLAP_BYTES) and a CPU is free beside the executor's own (sim
-with fewer ORT threads than CPUs, or the board's BPU), the check runs on a checker thread while
-the partition runs, and the caller waits for both before returning:
+Where the weights are large (>= OVERLAP_BYTES; with a write watch, where its check took
+OVERLAP_CHECK_S or more when timed as the watch was armed) and a CPU is free beside the
+executor's own (sim with fewer ORT threads than CPUs, or the board's BPU), the check runs on a
+checker thread while the partition runs, and the caller waits for both before returning:
 a changed weight still discards the result and rebuilds, but the check no longer adds its
 memory-bound pass to the latency (the partition's executor reads only its own baked copy).
 
