@@ -71,6 +71,7 @@ def dynamo():
 X = torch.randn(2, 3, 8, 8)
 
 
+@pytest.mark.board
 def test_bpu_frames_get_the_check_and_the_option_is_put_back(dynamo):
     assert getattr(torch._dynamo.config, OPTION) is False
     model = _net()
