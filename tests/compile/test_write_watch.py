@@ -241,22 +241,30 @@ def test_a_dropped_watch_hashes_everything(monkeypatch):
     assert frozen.stale(args)
 
 
-@needs_watch
-@pytest.mark.parametrize("idiom", sorted(set(IDIOMS) - {"buffers_via_data"}))
-def test_compiled_weights_under_the_watch_rebuild_on_every_idiom(idiom):
+def _watched_then_changed(change, first=lambda rt: None):
+    """A compiled sim Wide under the watch: its first call (`first(rt)` then), a second equal
+    one without a rebuild, `change(model)`, a third call. (model, x, runtime, the outputs before
+    and after, the explain() table)"""
     model = Wide().eval()
     x = torch.randn(4, 512)
     compiled = compile_bpu(model, executor="sim", sim_threads=1, sim_thread_choice="fixed")
     with report.collect() as reps, torch.no_grad():
         before = compiled(x)
         rt = reps[0].runtimes[0]
+        first(rt)
         assert rt.entry.weight_check["pass"] == "write-watch"
         assert torch.equal(compiled(x), before) and rt.builds == 1
-        IDIOMS[idiom](model)
+        change(model)
         after = compiled(x)
+    return model, x, rt, before, after, report.Report(reps).table()
+
+
+@needs_watch
+@pytest.mark.parametrize("idiom", sorted(set(IDIOMS) - {"buffers_via_data"}))
+def test_compiled_weights_under_the_watch_rebuild_on_every_idiom(idiom):
+    model, x, rt, before, after, text = _watched_then_changed(IDIOMS[idiom])
     assert rt.builds == 2 and not torch.allclose(after, before)
     assert torch.equal(after, _fresh(model, x, "sim"))
-    text = report.Report(reps).table()
     # its check, timed when the watch was armed, is far under freezing.OVERLAP_CHECK_S
     assert re.search(
         r"before the call, write-watch on up to 1 CPU; timed when armed: write-watch "
@@ -342,17 +350,12 @@ def test_a_costly_watched_check_runs_beside_the_call(monkeypatch):
     assert not frozen.can_overlap(1)
     # end to end: beside the call, through the watch, and a write through .data rebuilds
     monkeypatch.setattr(freezing, "OVERLAP_CHECK_S", 0.0)
-    model = Wide().eval()
-    x = torch.randn(4, 512)
-    compiled = compile_bpu(model, executor="sim", sim_threads=1, sim_thread_choice="fixed")
-    with report.collect() as reps, torch.no_grad():
-        before = compiled(x)
-        rt = reps[0].runtimes[0]
+
+    def beside(rt) -> None:
         assert rt._frozen.overlap and rt.entry.weight_check["beside"]
-        assert rt.entry.weight_check["pass"] == "write-watch"
-        assert torch.equal(compiled(x), before) and rt.builds == 1
-        model.fc1.weight.data.mul_(-1.0)
-        after = compiled(x)
+
+    model, x, rt, before, after, text = _watched_then_changed(
+        lambda m: m.fc1.weight.data.mul_(-1.0), beside
+    )
     assert rt.builds == 2 and torch.equal(after, _fresh(model, x, "sim"))
-    text = report.Report(reps).table()
     assert re.search(r"beside the call, write-watch on up to 3 CPUs; timed when armed", text)

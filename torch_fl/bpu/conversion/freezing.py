@@ -68,7 +68,7 @@ OVERLAP_CHECK_S = 40e-6
 once when the watch is armed: the page-table scan costs more than its few hashed bytes say).
 Handing the check to the checker thread costs the caller ~15 us (a submit, then a result that
 is ready: 11 and 3 us, by hand); MobileNetV3's watched check, 9.9 MB in 47 runs and 0.32 MB
-hashed, took ~75 us before the call and its whole call at batch 1 on 1 thread ran 1.539
+hashed, took 69.5 us before the call when timed as its watch was armed and its whole call at batch 1 on 1 thread ran 1.539
 against 1.704 ms and 1.422 against 1.470 ms with the check beside it (two processes, medians
 of 40 blocks of ten calls in turns, by hand)."""
 _pool: tuple[int, ThreadPoolExecutor] | None = None

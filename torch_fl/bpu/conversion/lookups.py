@@ -43,6 +43,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from torch_fl.bpu.conversion.export import constant_names
+from torch_fl.bpu.conversion.qlinear_conv import drop_unread
 
 DOMAIN = "torch_fl.bpu"
 # Ops whose every output element is one formula of the same-position input elements. Each has a
@@ -441,10 +442,7 @@ def _replace_clamps(model: onnx.ModelProto) -> int:
         model.graph.node[i].CopyFrom(lookup)
         count += 1
     if count:
-        used = {name for n in model.graph.node for name in n.input}
-        kept = [i for i in model.graph.initializer if i.name in used]
-        del model.graph.initializer[:]
-        model.graph.initializer.extend(kept)
+        drop_unread(model)
     return count
 
 
@@ -489,10 +487,7 @@ def _replace(model: onnx.ModelProto, find) -> int:
     del model.graph.node[:]
     model.graph.node.extend(_live(nodes, {o.name for o in model.graph.output}))
     model.graph.initializer.extend(tables)
-    used = {name for n in model.graph.node for name in n.input}
-    kept = [i for i in model.graph.initializer if i.name in used]
-    del model.graph.initializer[:]
-    model.graph.initializer.extend(kept)
+    drop_unread(model)
     return len(replaced)
 
 
