@@ -39,11 +39,11 @@ def _set(t: torch.Tensor, index: int, value: float) -> None:
 
 @needs_watch
 def test_every_write_is_seen_and_equal_bytes_are_not_a_change():
-    big = torch.randn(1000, 1000)  # whole pages, watched
-    small = torch.randn(10)  # inside one page: hashed on every check
+    big = torch.randn(1000, 1000)  # its pages watched
+    small = torch.randn(10)  # too few bytes for a scan of their own: hashed on every check
     watch = _watch(big, small)
-    assert watch.watched_bytes >= big.nbytes - 2 * PAGE and watch.runs >= 1
-    assert small.nbytes <= watch.hashed_bytes < 2 * PAGE + small.nbytes
+    assert watch.watched_bytes == big.nbytes and watch.runs == 1
+    assert watch.hashed_bytes == small.nbytes
     assert watch.check() == 0 and watch.check() == 0
     old = big.reshape(-1)[777_777].item()
     _set(big, 777_777, old)  # the same bytes written: the page is hashed, equal
@@ -66,6 +66,65 @@ def test_the_last_byte_of_a_partial_page_and_the_first_of_a_weight():
         assert watch.check() == 1, index
         _set(t, index, old)
         assert watch.check() == 0, index
+
+
+def _page_aligned(pages: int) -> tuple[torch.Tensor, int]:
+    """A tensor of `pages` + 1 pages of floats and the index of its first page-aligned float."""
+    base = torch.randn((pages + 1) * PAGE // 4)
+    return base, (-base.data_ptr()) % PAGE // 4
+
+
+@needs_watch
+def test_a_partial_page_is_watched_for_the_weights_bytes_on_it():
+    """A weight's partial pages are watched too: a write to the page's other bytes is no change;
+    a page written that way on three checks (it shares the page with busy memory) is dropped
+    from the watch and its bytes of the weight hashed on every check from then on."""
+    p4 = PAGE // 4
+    base, at = _page_aligned(64)
+    start, end = at + p4 + 3, at + 40 * p4 + 5  # inside page 1 to inside page 40
+    weight = base[start:end]
+    watch = _watch(weight)
+    assert (watch.runs, watch.hashed_bytes, watch.watched_bytes) == (1, 0, weight.nbytes)
+    for n in range(3):
+        _set(base, start - 1, float(n))  # the float before the weight, on its first page
+        _set(base, end, float(n))  # the float after it, on its last page
+        assert watch.check() == 0, n
+    head, tail = PAGE - 12, 20  # the weight's bytes on its first and last page
+    assert watch.hashed_bytes == head + tail
+    assert watch.watched_bytes == weight.nbytes - head - tail and watch.runs == 1
+    for index in (0, weight.numel() - 1, p4):  # on the dropped pages, and on a watched one
+        old = weight[index].item()
+        _set(weight, index, old + 1.0)
+        assert watch.check() == 1, index
+        _set(weight, index, old)
+        assert watch.check() == 0, index
+
+
+@needs_watch
+def test_a_short_gap_between_weights_is_watched_and_a_busy_one_dropped():
+    """Two weights two pages apart take one scan: the gap's pages are watched, a write to them
+    is no change, and a gap page written on three checks leaves the watch (two runs then).
+    Weights further apart, or too few bytes to be worth a scan, are not joined."""
+    p4 = PAGE // 4
+    base, at = _page_aligned(64)
+    first, second = base[at : at + 8 * p4], base[at + 10 * p4 : at + 18 * p4]
+    watch = _watch(first, second)
+    assert (watch.runs, watch.hashed_bytes) == (1, 0)
+    assert watch.watched_bytes == first.nbytes + second.nbytes
+    for n in range(3):
+        _set(base, at + 9 * p4 + 7, float(n))
+        assert watch.check() == 0, n
+    assert (watch.runs, watch.hashed_bytes) == (2, 0)
+    _set(second, 5, second[5].item() + 1.0)
+    assert watch.check() == 1
+
+    far = base[at + 30 * p4 : at + 38 * p4]  # 12 pages after `second`
+    assert _watch(first, far).runs == 2
+    few = base[at + 50 * p4 : at + 50 * p4 + 100]  # 400 bytes: hashed on every check
+    watch = _watch(first, few)
+    assert (watch.runs, watch.hashed_bytes, watch.watched_bytes) == (1, 400, first.nbytes)
+    _set(few, 99, few[99].item() + 1.0)
+    assert watch.check() == 1
 
 
 @needs_watch

@@ -378,7 +378,7 @@ class BpuSettings:
         "bool",
         "With baked weights: the kernel tracks writes to their pages (userfaultfd's asynchronous "
         "write protection read by PAGEMAP_SCAN, Linux 6.7+) and each call hashes only pages "
-        "written since the last call plus the partial pages at the weights' ends; where the "
+        "written since the last call (and weights too small to be worth a scan); where the "
         "kernel or a sandbox refuses, or for shared or file-mapped memory, every call hashes those "
         "weights whole (explain() says which). False: always hash every weight.",
         "FLAGOS_BPU_WEIGHT_WATCH",

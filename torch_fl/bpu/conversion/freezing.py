@@ -5,8 +5,8 @@ Version counters alone miss writes through `.data`, `p.data = ...` and numpy vie
 checks, per weight: identity (same tensor object, data pointer, storage size, strides, version
 counter; `_C._TensorIdentity`) and then content. Where Linux tracks writes for us (`watch`,
 csrc/runtime/write_watch.h: userfaultfd's asynchronous write protection read by PAGEMAP_SCAN)
-the content check hashes only the pages written since the last call and the partial pages at
-the weights' ends; otherwise, and for memory the tracking cannot see (shared, file-mapped,
+the content check hashes only the weights' bytes on the pages written since the last call (and
+weights too small to be worth a page-table scan); otherwise, and for memory the tracking cannot see (shared, file-mapped,
 pinned), a 128-bit fingerprint of the weight's bytes, compared with the one taken when the
 weights were baked. One pass reading the weights once, at memory speed (ResNet-18's
 46.8 MB: measured by scripts/bench_compile.py), and no private copy of the weights. A change that
@@ -67,10 +67,10 @@ OVERLAP_CHECK_S = 40e-6
 """... or where, with a write watch, the check before the call took at least this long (timed
 once when the watch is armed: the page-table scan costs more than its few hashed bytes say).
 Handing the check to the checker thread costs the caller ~15 us (a submit, then a result that
-is ready: 11 and 3 us, by hand); MobileNetV3's watched check, 9.9 MB in 47 runs and 0.32 MB
-hashed, took 69.5 us before the call when timed as its watch was armed and its whole call at batch 1 on 1 thread ran 1.539
-against 1.704 ms and 1.422 against 1.470 ms with the check beside it (two processes, medians
-of 40 blocks of ten calls in turns, by hand)."""
+is ready: 11 and 3 us, by hand). MobileNetV3's watched check took 69.5 us when its pages lay in
+46 runs (one scan each) and gained beside the call (1.704 -> 1.539 ms a call at batch 1 on 1
+thread); in 2 runs it takes ~20 us and is no slower before the call (2.392 against 2.556 ms, by
+hand; docs/compile.md, *Only written pages are hashed*)."""
 _pool: tuple[int, ThreadPoolExecutor] | None = None
 _pool_lock = threading.Lock()
 
@@ -139,7 +139,7 @@ class FrozenWeights:
     210 weights took 57 us a call as five Python maps over them, 3.2 us there; after 20 ms idle,
     with its objects out of the caches, 0.07 ms where one chain of misses per tensor took 0.18,
     by hand, at batch 1 on 2 ORT threads), then content: with a watch,
-    the pages written since the last call and the partial pages; without, every byte."""
+    the weights' bytes on the pages written since the last call; without, every byte."""
 
     __slots__ = (
         "_pick",
@@ -219,8 +219,8 @@ class FrozenWeights:
 
     def _arm_watch(self) -> None:
         """Hand the dense weights' pages to the kernel's write tracking (csrc/runtime/
-        write_watch.h): from here on a call hashes only the pages written since the last call
-        and the partial pages at each weight's ends. Not for pinned memory (a device's DMA
+        write_watch.h): from here on a call hashes only the weights' bytes on the pages written
+        since the last call (and weights too small to be worth a scan). Not for pinned memory (a device's DMA
         writes it without the CPU's page tables), nor where the kernel refuses (the note says
         why): those weights are hashed whole on every call, as without a watch."""
         views, prints = self._native
