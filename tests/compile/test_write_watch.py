@@ -74,7 +74,6 @@ def _page_aligned(pages: int) -> tuple[torch.Tensor, int]:
     return base, (-base.data_ptr()) % PAGE // 4
 
 
-@pytest.mark.board  # the boards' 64 KB pages too
 @needs_watch
 def test_a_partial_page_is_watched_for_the_weights_bytes_on_it():
     """A weight's partial pages are watched too: a write to the page's other bytes is no change;
