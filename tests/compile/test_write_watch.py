@@ -118,6 +118,14 @@ def test_a_short_gap_between_weights_is_watched_and_a_busy_one_dropped():
     _set(second, 5, second[5].item() + 1.0)
     assert watch.check() == 1
 
+    # explain() reads the watch as it stands, not as armed
+    frozen = freezing.FrozenWeights((0, 1), [first, second], watch=True)
+    assert "watched in 1 run(s)" in frozen.describe()["watch"]
+    for n in range(3):
+        _set(base, at + 9 * p4 + 7, float(n + 5))
+        assert not frozen.stale([first, second]), n
+    assert "watched in 2 run(s)" in frozen.describe()["watch"]
+
     far = base[at + 30 * p4 : at + 38 * p4]  # 12 pages after `second`
     assert _watch(first, far).runs == 2
     few = base[at + 50 * p4 : at + 50 * p4 + 100]  # 400 bytes: hashed on every check
@@ -295,7 +303,8 @@ def test_a_dropped_watch_hashes_everything(monkeypatch):
 
     frozen._watch = Gone()
     assert not frozen.stale(args) and frozen._watch is None
-    assert frozen.describe()["pass"] != "write-watch"
+    check = frozen.describe()
+    assert check["pass"] != "write-watch" and check["watch"].startswith("dropped (a forked")
     _set(args[0], 1, 2.0)
     assert frozen.stale(args)
 
@@ -339,7 +348,9 @@ def test_weight_watch_off_hashes_every_weight():
     with report.collect() as reps, torch.no_grad():
         compiled(x)
     check = reps[0].runtimes[0].entry.weight_check
-    assert check["pass"] in ("native", "xxh3") and "watch" not in check
+    assert check["pass"] in ("native", "xxh3") and check["watch"] == "off (weight_watch=False)"
+    # explain() says why no watch runs
+    assert "(write watch: off (weight_watch=False))" in report.Report(reps).table()
 
 
 @needs_watch
@@ -386,7 +397,8 @@ def test_a_kernel_that_refuses_leaves_the_full_pass(monkeypatch):
         frozen._watch is None
         and frozen._watch_note == "unavailable: no PAGEMAP_SCAN ioctl (stand-in)"
     )
-    assert frozen.describe()["pass"] in ("native", "xxh3")
+    check = frozen.describe()
+    assert check["pass"] in ("native", "xxh3") and check["watch"] == frozen._watch_note
     assert not frozen.stale(args)
     _set(args[0], 99, -7.0)
     assert frozen.stale(args)

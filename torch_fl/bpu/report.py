@@ -233,7 +233,10 @@ class Report:
                     if timed
                     else ""
                 )
-                watch = f" ({check['watch']})" if check.get("watch") else ""
+                # the watch's state, or (hashing every weight) why no watch runs
+                note = check.get("watch")
+                label = "" if check["pass"] == "write-watch" else "write watch: "
+                watch = f" ({label}{note})" if note else ""
                 lines.append(
                     f"weight check: graph {g.graph_id} part {p.id}: {where}, {check['pass']} "
                     f"on up to {cpus}{why}{watch}"

@@ -241,14 +241,26 @@ class FrozenWeights:
             return
         self._watch = watch
         self._unwatched = (rest, _C._fingerprints(rest)) if rest else None
-        self._hashed_nbytes = (
-            watch.hashed_bytes
+        self._hashed_nbytes = self._watched_hashed_nbytes()
+        self._watch_note = ""  # written when asked (`_watch_summary`): pages leave the watch
+
+    def _watched_hashed_nbytes(self) -> int:
+        """Bytes a watched check hashes on every call: the watch's own (runs too small to scan,
+        pages that left it), the pinned weights and the gapped ones."""
+        rest = self._unwatched[0] if self._unwatched is not None else ()
+        return (
+            self._watch.hashed_bytes
             + sum(v.nbytes for v in rest)
             + sum(self._tensors[i].nbytes for i, _ in self._gapped)
         )
-        self._watch_note = (
+
+    def _watch_summary(self) -> str:
+        """The watch as it stands now, not as armed: a page written on three checks leaves it
+        (csrc/runtime/write_watch.h), and its bytes are hashed on every call from then on."""
+        watch = self._watch
+        return (
             f"{watch.watched_bytes / 1e6:.1f} MB watched in {watch.runs} run(s), "
-            f"{self._hashed_nbytes / 1e6:.2f} MB hashed on every call"
+            f"{self._watched_hashed_nbytes() / 1e6:.2f} MB hashed on every call"
         )
 
     def _time_check(self, args: Sequence[torch.Tensor]) -> float:
@@ -317,12 +329,18 @@ class FrozenWeights:
                 "beside": self.overlap,
                 "threads": self._beside_threads if self.overlap else 1,
                 "pass": "write-watch",
-                "watch": self._watch_note,
+                "watch": self._watch_summary(),
                 "timed_us": timed,
                 "timed_when": "when armed",
             }
+        # no watch: its note says why (off, refused by the kernel, dropped after a fork)
         if self.overlap:
-            return {"beside": True, "threads": self._beside_threads, "pass": "native"}
+            return {
+                "beside": True,
+                "threads": self._beside_threads,
+                "pass": "native",
+                "watch": self._watch_note,
+            }
         native = self.inline_pass == "native"
         times = self._inline_times
         return {
@@ -330,6 +348,7 @@ class FrozenWeights:
             "threads": self._inline_threads if native else 1,
             "pass": self.inline_pass,
             "timed_us": {k: round(v * 1e6, 1) for k, v in times.items()} if times else None,
+            "watch": self._watch_note,
         }
 
     def check_in_background(self, args: Sequence[torch.Tensor]) -> Callable[[], bool]:
