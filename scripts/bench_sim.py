@@ -54,6 +54,7 @@ from tests.support.pt2e import quantize as pt2e_quantize  # noqa: E402
 from torch_fl.bpu import report  # noqa: E402
 from torch_fl.bpu.conversion import calibration_store  # noqa: E402
 from torch_fl.bpu.conversion.depthwise import OPS as DEPTHWISE_OPS  # noqa: E402
+from torch_fl.bpu.conversion.grouped_conv import OPS as GROUPED_OPS  # noqa: E402
 from torch_fl.bpu.conversion.narrow_op import OPS as NARROW_OPS  # noqa: E402
 from torch_fl.bpu.runtime import sim_threads  # noqa: E402
 from torch_fl.bpu.runtime.executors import UNFUSED, fused_graph  # noqa: E402
@@ -63,6 +64,7 @@ TARGETS = {"sim_vs_ort_int8": "ort_int8", "sim_vs_ort_fp32": "ort_fp32"}
 FUSED = {"QLinearConv", "QGemm", "QLinearMatMul", "QLinearAdd", "MatMulIntegerToFloat",
          "QLinearMul", "QLinearAveragePool", "QLinearGlobalAveragePool", "QLinearSoftmax",
          "ConvInteger", "MatMulInteger", "DynamicQuantizeMatMul", *DEPTHWISE_OPS.values(),
+         *GROUPED_OPS.values(),
          *NARROW_OPS.values()}  # fmt: skip
 
 
@@ -219,7 +221,7 @@ def _session_without_lookups(runtime):
 
 def _fused_counts(runtime, threads: int, tmp: Path) -> dict:
     """What ORT runs for this partition after its optimizer: fused integer vs float Q/DQ, the
-    elementwise chains it runs as table lookups and the depthwise and narrow convs on the
+    elementwise chains it runs as table lookups and the depthwise, grouped and narrow convs on the
     extension's ops."""
     import onnx
 
@@ -230,9 +232,11 @@ def _fused_counts(runtime, threads: int, tmp: Path) -> dict:
         return {"kernel_path": path}
     lookups = getattr(runtime._exec, "lookups", 0)
     depthwise = getattr(runtime._exec, "depthwise", 0)
+    grouped = getattr(runtime._exec, "grouped", 0)
     narrow = getattr(runtime._exec, "narrow_ops", 0)
     graph = _integer_graph(runtime)
-    rewritten = session_graph(graph, UNFUSED, bool(lookups), bool(depthwise), bool(narrow)).data
+    convs = bool(depthwise or grouped)  # one setting moves both (sim_depthwise)
+    rewritten = session_graph(graph, UNFUSED, bool(lookups), convs, bool(narrow)).data
     if rewritten is not None:  # the executor's own graph: ORT's optimized form with our ops
         nodes = onnx.load_from_string(rewritten).graph.node
     else:
@@ -244,6 +248,7 @@ def _fused_counts(runtime, threads: int, tmp: Path) -> dict:
         "kernel_path": path,
         "lookups": lookups,
         "depthwise": depthwise,
+        "grouped": grouped,
         "narrow_ops": narrow,
         "fused_integer_nodes": sum(v for k, v in ops.items() if k in FUSED),
         "float_qdq_nodes": ops["QuantizeLinear"] + ops["DequantizeLinear"],

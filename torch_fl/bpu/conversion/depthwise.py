@@ -24,15 +24,25 @@ asks (runtime/executors.py) and explain() says which.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from torch_fl.bpu.conversion.export import attribute
 from torch_fl.bpu.conversion.lookups import DOMAIN, import_domain
-from torch_fl.bpu.conversion.qlinear_conv import RANGE, conv_parts, drop_unread
+from torch_fl.bpu.conversion.qlinear_conv import RANGE, ConvParts, conv_parts, drop_unread
 
-__all__ = ["ALIGNED_CHANNELS", "EXACT_BELOW", "OPS", "candidates", "rewrite_depthwise"]
+__all__ = [
+    "ALIGNED_CHANNELS",
+    "EXACT_BELOW",
+    "OPS",
+    "candidates",
+    "exact",
+    "replace_convs",
+    "rewrite_depthwise",
+]
 
 ALIGNED_CHANNELS = 16
 """A depthwise conv whose channel count is a multiple of this stays ORT's (its AVX-512 kernel's
@@ -58,20 +68,31 @@ def rewrite_depthwise(model: onnx.ModelProto, form: int = 0, every_width: bool =
     """Replace, in place, each qualifying channels-last depthwise QLinearConv of ORT's optimized
     `model` with a DepthwiseConv op; returns how many. `form` 1 asks the op for its plain loop;
     `every_width` takes multiples of `ALIGNED_CHANNELS` too (tests compare the forms)."""
+    return replace_convs(model, lambda node, inits: _plan(node, inits, every_width), form)
+
+
+Plan = Callable[[onnx.NodeProto, dict], "dict | None"]
+"""A conv's op inputs (`type`, `op`, `prefix`, `weights`, `bias`, `scale`, `geometry`, its
+last value the form), or None where the node stays ORT's."""
+
+
+def replace_convs(model: onnx.ModelProto, plan: Plan, form: int) -> int:
+    """Replace, in place, each node of `model` that `plan` takes with the extension's op it
+    names; returns how many (conversion/grouped_conv.py shares this)."""
     inits = {i.name: i for i in model.graph.initializer}
     added: list[onnx.TensorProto] = []
     count = 0
     for index, node in enumerate(model.graph.node):
-        plan = _plan(node, inits, every_width)
-        if plan is None:
+        taken = plan(node, inits)
+        if taken is None:
             continue
-        prefix = f"depthwise::{node.name or node.output[0]}"
+        prefix = f"{taken['prefix']}::{node.name or node.output[0]}"
         names = [f"{prefix}/{part}" for part in ("weights", "bias", "scale", "geometry")]
-        plan["geometry"][-1] = form
-        arrays = (plan["weights"], plan["bias"], plan["scale"], plan["geometry"])
+        taken["geometry"][-1] = form
+        arrays = (taken["weights"], taken["bias"], taken["scale"], taken["geometry"])
         added += [numpy_helper.from_array(a, n) for a, n in zip(arrays, names, strict=True)]
         op = helper.make_node(
-            OPS[plan["type"]], [node.input[0], *names], [node.output[0]], name=prefix, domain=DOMAIN
+            taken["op"], [node.input[0], *names], [node.output[0]], name=prefix, domain=DOMAIN
         )
         model.graph.node[index].CopyFrom(op)
         count += 1
@@ -80,6 +101,16 @@ def rewrite_depthwise(model: onnx.ModelProto, form: int = 0, every_width: bool =
         drop_unread(model)
         import_domain(model)
     return count
+
+
+def exact(conv: ConvParts) -> bool:
+    """Whether every accumulator of `conv` is exact in float32: per output channel, the sum of
+    its |w| times the widest |x - zp_x|, plus |bias|, below `EXACT_BELOW`."""
+    lo, hi = RANGE[conv.x_type]
+    widest = max(conv.zp_x - lo, hi - conv.zp_x)
+    taps = conv.taps.reshape(conv.taps.shape[0], -1)
+    bound = np.abs(taps).sum(axis=1) * widest + np.abs(conv.bias)
+    return int(bound.max()) < EXACT_BELOW
 
 
 def _plan(node: onnx.NodeProto, inits: dict, every_width: bool) -> dict | None:
@@ -93,15 +124,13 @@ def _plan(node: onnx.NodeProto, inits: dict, every_width: bool) -> dict | None:
         return None
     if channels % ALIGNED_CHANNELS == 0 and not every_width:
         return None
-    taps = conv.taps.reshape(channels, -1)
-    lo, hi = RANGE[conv.x_type]
-    widest = max(conv.zp_x - lo, hi - conv.zp_x)
-    bound = np.abs(taps).sum(axis=1) * widest + np.abs(conv.bias)
-    if int(bound.max()) >= EXACT_BELOW:
+    if not exact(conv):
         return None
     return {
         "type": conv.x_type,
-        "weights": np.ascontiguousarray(taps.T.astype(np.float32)),
+        "op": OPS[conv.x_type],
+        "prefix": "depthwise",
+        "weights": np.ascontiguousarray(conv.taps.reshape(channels, -1).T.astype(np.float32)),
         "bias": conv.bias.astype(np.float32),
         "scale": conv.scale,
         "geometry": np.array([*conv.geometry(), 0], np.int64),

@@ -1,6 +1,6 @@
 """The graph a fused sim session opens: ONNX Runtime's own optimized form of the integer graph,
 with the extension's ops in it (conversion/lookups.py and lookup_mean.py, conversion/depthwise.py,
-conversion/narrow_op.py).
+conversion/grouped_conv.py, conversion/narrow_op.py).
 
 The rewrites work on ORT's optimized form rather than on the graph it receives: there the
 integer convs already run channels-last with the transposes between them cancelled, and an op
@@ -19,6 +19,8 @@ from dataclasses import dataclass
 import onnx
 
 from torch_fl.bpu.conversion.depthwise import candidates, rewrite_depthwise
+from torch_fl.bpu.conversion.grouped_conv import candidates as grouped_candidates
+from torch_fl.bpu.conversion.grouped_conv import rewrite_grouped
 from torch_fl.bpu.conversion.lookup_mean import fuse_means, pairs, reduce_shapes
 from torch_fl.bpu.conversion.lookups import fuse_lookups, has_chains, ort_optimized
 from torch_fl.bpu.conversion.narrow_op import candidates as narrow_candidates
@@ -40,6 +42,8 @@ class SessionGraph:
     """Int8 convs over few input channels now the extension's NarrowConv op."""
     means: int = 0
     """Float lookups and the ReduceMean over each now one LookupMeanF32 (among `lookups`)."""
+    grouped: int = 0
+    """Grouped int8 convs of narrow groups now the extension's GroupedConv op."""
 
 
 def session_graph(
@@ -51,19 +55,22 @@ def session_graph(
 ) -> SessionGraph:
     """ORT's optimized form of the integer graph `model` (without the optimizers in `disabled`)
     with its elementwise chains as lookups where `lookups` (a float lookup and the mean over it
-    as one op: conversion/lookup_mean.py), its depthwise convs as DepthwiseConv
-    where `depthwise`, its convs over few input channels as NarrowConv where `narrow`. No ORT
-    pass is spent where no rewrite has anything to replace."""
+    as one op: conversion/lookup_mean.py), its depthwise convs as DepthwiseConv and its
+    grouped convs of narrow groups as GroupedConv where `depthwise`, its convs over few input
+    channels as NarrowConv where `narrow`. No ORT pass is spent where no rewrite has anything
+    to replace."""
     want_lookups = lookups and has_chains(model)
     want_depthwise = depthwise and candidates(model) > 0
+    want_grouped = depthwise and grouped_candidates(model) > 0
     want_narrow = narrow and narrow_candidates(model) > 0
-    if not (want_lookups or want_depthwise or want_narrow):
+    if not (want_lookups or want_depthwise or want_grouped or want_narrow):
         return SessionGraph(None, 0, 0)
     optimized = ort_optimized(model, disabled)
     n_lookups = fuse_lookups(optimized) if want_lookups else 0
     n_means = fuse_means(optimized, reduce_shapes(model)) if n_lookups and pairs(optimized) else 0
     n_depthwise = rewrite_depthwise(optimized) if want_depthwise else 0
+    n_grouped = rewrite_grouped(optimized) if want_grouped else 0
     n_narrow = rewrite_narrow(optimized) if want_narrow else 0
-    changed = n_lookups or n_depthwise or n_narrow
+    changed = n_lookups or n_depthwise or n_grouped or n_narrow
     data = optimized.SerializeToString() if changed else None
-    return SessionGraph(data, n_lookups, n_depthwise, n_narrow, n_means)
+    return SessionGraph(data, n_lookups, n_depthwise, n_narrow, n_means, n_grouped)

@@ -132,7 +132,8 @@ class SimExecutor:
         counts `time_threads` measures (runtime/sim_threads.py; empty: `threads` is final).
         `lookups`: the fused graph's elementwise chains as table lookups (conversion/lookups.py)
         where this ONNX Runtime can load the lookup ops; `depthwise`: its depthwise int8 convs
-        as the extension's DepthwiseConv op (conversion/depthwise.py) where that op has its
+        as the extension's DepthwiseConv op (conversion/depthwise.py), its grouped convs of
+        narrow groups as GroupedConv (conversion/grouped_conv.py), where those ops have their
         AVX-512 form here; `narrow`: its convs over few input channels as the NarrowConv op
         (conversion/narrow_op.py) where that op has its VNNI form here, else as exact float
         convs (conversion/narrow_convs.py)."""
@@ -146,6 +147,8 @@ class SimExecutor:
         """How many narrow integer convs the session runs as exact float convs."""
         self.depthwise = 0
         """How many depthwise int8 convs the session runs on the extension's op."""
+        self.grouped = 0
+        """How many grouped int8 convs of narrow groups the session runs on the extension's op."""
         self.narrow_ops = 0
         """How many narrow int8 convs the session runs on the extension's op."""
         self.lookup_means = 0
@@ -170,7 +173,7 @@ class SimExecutor:
                     self._open_session(model.SerializeToString(), fused=True)
             except Exception as exc:  # noqa: BLE001  (any rejection: the float path is exact)
                 self.narrow_convs = self.lookups = self.depthwise = self.narrow_ops = 0
-                self.lookup_means = 0
+                self.lookup_means = self.grouped = 0
                 why = str(exc).strip().splitlines()[0][:160] if str(exc).strip() else ""
                 self.kernels = KernelChoice(
                     "float", f"{self.kernels.path} form rejected ({type(exc).__name__}: {why})"
@@ -196,25 +199,27 @@ class SimExecutor:
 
     def _rewritten(self) -> int:
         """How many of the fused graph's nodes run on the extension's ops."""
-        return self.lookups + self.depthwise + self.narrow_ops
+        return self.lookups + self.depthwise + self.grouped + self.narrow_ops
 
     def _open_rewritten(
         self, model: onnx.ModelProto, lookups: bool, depthwise: bool, narrow: bool
     ) -> None:
         """Open the session on ORT's optimized form of the fused graph `model` with the
         extension's ops in it (conversion/session_graph.py); where it has nothing to replace or
-        that fails, `self.lookups`, `self.depthwise` and `self.narrow_ops` stay 0 and ORT's own
-        ops run it all (the same numbers)."""
+        that fails, `self.lookups`, `self.depthwise`, `self.grouped` and `self.narrow_ops` stay 0
+        and ORT's own ops run it all (the same numbers)."""
         try:
             graph = session_graph(model, UNFUSED, lookups, depthwise, narrow)
             if graph.data is not None:
                 self.lookups, self.depthwise = graph.lookups, graph.depthwise
                 self.narrow_ops, self.lookup_means = graph.narrow, graph.means
+                self.grouped = graph.grouped
                 self._open_session(graph.data, fused=True)
         except Exception as exc:  # noqa: BLE001  (any failure: ORT's own ops run the graph)
             self.lookups = self.depthwise = self.narrow_ops = self.lookup_means = 0
+            self.grouped = 0
             warnings.warn(
-                "torch_fl.bpu: sim: the extension's lookup / depthwise / narrow ops could not "
+                "torch_fl.bpu: sim: the extension's lookup / conv ops could not "
                 f"run this partition ({type(exc).__name__}: {str(exc).strip()[:160]}); "
                 "ONNX Runtime's own ops run it (the same numbers, slower)",
                 stacklevel=3,
