@@ -59,24 +59,6 @@ struct Geometry {
   int64_t cin, gw, ogw;        // input channels; input and output channels a group
 };
 
-// How the AVX-512 form forms the vector of inputs that a block of 16 output channels multiplies
-// by one weight vector: a depthwise conv's are the block's own 16 channels; groups of G (2 to 16,
-// dividing 16) as wide as their outputs read the block's own 16 channels too, lane l taking
-// channel (l / G) * G + k for the group's k-th input (one permute); groups whose outputs fill
-// whole blocks read one input for all 16 lanes (a broadcast). Other shapes take the plain loop
-// (conversion/grouped_conv.py `fits` writes the op only for these).
-enum Reads { kOwn = 0, kPermute = 1, kBroadcast = 2, kPlain = 3 };
-
-Reads reads(const Geometry& g) {
-  if (g.gw == 1 && g.ogw == 1) {
-    return kOwn;
-  }
-  if (g.gw == g.ogw && g.gw <= 16 && 16 % g.gw == 0) {
-    return kPermute;
-  }
-  return g.ogw % 16 == 0 ? kBroadcast : kPlain;
-}
-
 #if defined(TFL_X86_AVX512)
 bool have_avx512() {
   static const bool have = [] {
@@ -159,6 +141,24 @@ void row_portable(const float* band, const float* w, const float* bias, const fl
 }
 
 #if defined(TFL_X86_AVX512)
+// How the AVX-512 form forms the vector of inputs that a block of 16 output channels multiplies
+// by one weight vector: a depthwise conv's are the block's own 16 channels; groups of G (2 to 16,
+// dividing 16) as wide as their outputs read the block's own 16 channels too, lane l taking
+// channel (l / G) * G + k for the group's k-th input (one permute); groups whose outputs fill
+// whole blocks read one input for all 16 lanes (a broadcast). Other shapes take the plain loop
+// (conversion/grouped_conv.py `fits` writes the op only for these).
+enum Reads { kOwn = 0, kPermute = 1, kBroadcast = 2, kPlain = 3 };
+
+Reads reads(const Geometry& g) {
+  if (g.gw == 1 && g.ogw == 1) {
+    return kOwn;
+  }
+  if (g.gw == g.ogw && g.gw <= 16 && 16 % g.gw == 0) {
+    return kPermute;
+  }
+  return g.ogw % 16 == 0 ? kBroadcast : kPlain;
+}
+
 // The 16 inputs that output block c0 multiplies by the weights of its groups' k-th input, at
 // pixel `px` of the band (see Reads): `lanes` holds lane l's group start within the block.
 template <int R>

@@ -219,8 +219,8 @@ class SimExecutor:
             self.lookups = self.depthwise = self.narrow_ops = self.lookup_means = 0
             self.grouped = 0
             warnings.warn(
-                "torch_fl.bpu: sim: the extension's lookup / conv ops could not "
-                f"run this partition ({type(exc).__name__}: {str(exc).strip()[:160]}); "
+                "torch_fl.bpu: sim: the extension's lookup / depthwise / grouped / narrow ops "
+                f"could not run this partition ({type(exc).__name__}: {str(exc).strip()[:160]}); "
                 "ONNX Runtime's own ops run it (the same numbers, slower)",
                 stacklevel=3,
             )
