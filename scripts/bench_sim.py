@@ -68,9 +68,41 @@ FUSED = {"QLinearConv", "QGemm", "QLinearMatMul", "QLinearAdd", "MatMulIntegerTo
          *NARROW_OPS.values()}  # fmt: skip
 
 
+PUBLIC = ("tv", "timm")
+"""Prefixes of other public networks by name (`tv:regnet_y_400mf`, `timm:ghostnet_100`): built
+from their library's definition with seeded random weights, at 224x224."""
+
+
+def public_model(name: str) -> torch.nn.Module | None:
+    """The `tv:` / `timm:` network `name` (random weights, its batch norms' statistics measured
+    on random inputs as training leaves them: tests/support/public_zoo.py), None where its
+    library lacks it; a ValueError names a prefix that is not one of `PUBLIC`."""
+    library, _, arch = name.partition(":")
+    if library not in PUBLIC or not arch:
+        raise ValueError(f"{name!r}: a public network is tv:<torchvision name> or timm:<name>")
+    torch.manual_seed(0)
+    if library == "tv":
+        from tests.support.public_zoo import import_torchvision
+
+        make = getattr(import_torchvision().models, arch, None)
+        if make is None or not callable(make) or arch.startswith("_"):
+            return None
+        return make()
+    import timm
+
+    return timm.create_model(arch, pretrained=False) if timm.is_model(arch) else None
+
+
 def build(name: str, batch: int) -> tuple[torch.nn.Module, torch.Tensor]:
     """The network (eval, deterministic weights) and one input at `batch`."""
     torch.manual_seed(0)
+    if ":" in name:
+        from tests.support.public_zoo import _settle_batchnorm
+
+        model, x = public_model(name), torch.randn(batch, 3, 224, 224)
+        assert model is not None, name  # main() checked it
+        _settle_batchnorm(model, (x[:1],))
+        return model.eval(), x
     if name in ("resnet18", "mobilenetv3"):
         from tests.support.public_zoo import import_torchvision
 
@@ -503,9 +535,21 @@ def _ints(text: str, flag: str) -> list[int]:
     return sorted(set(out))
 
 
+def _public_known(name: str) -> bool:
+    """Whether `name` is a `tv:` / `timm:` network its library defines here."""
+    try:
+        return ":" in name and public_model(name) is not None
+    except (ValueError, ImportError):
+        return False
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", default=",".join(MODELS), help=f"of {', '.join(MODELS)}")
+    parser.add_argument(
+        "--models", default=",".join(MODELS),
+        help=f"of {', '.join(MODELS)}, or any public network as tv:<torchvision name> or "
+        "timm:<name> (random weights, 224x224; its rows' targets are reported, not the issue's)",
+    )  # fmt: skip
     parser.add_argument("--batches", default="1,8")
     parser.add_argument("--threads", default="1,all", help="thread counts ('all': every CPU)")
     parser.add_argument("--iters", type=int, default=10)
@@ -518,10 +562,11 @@ def main(argv: list[str] | None = None) -> int:
     )  # fmt: skip
     args = parser.parse_args(argv)
     models = [m.strip() for m in args.models.split(",") if m.strip()]
-    unknown = sorted(set(models) - set(MODELS))
+    unknown = sorted(m for m in set(models) - set(MODELS) if not _public_known(m))
     if unknown or not models:
         parser.error(
-            f"unknown model(s) {', '.join(unknown) or '(none)'}; known: {', '.join(MODELS)}"
+            f"unknown model(s) {', '.join(unknown) or '(none)'}; known: {', '.join(MODELS)}, "
+            "or tv:<torchvision model> / timm:<timm model> (e.g. tv:regnet_y_400mf)"
         )
     if args.iters < 1:
         parser.error("--iters must be at least 1")

@@ -1,0 +1,36 @@
+"""scripts/bench_sim.py's networks: its four, and any public one named `tv:<torchvision name>`
+or `timm:<name>` (built with random weights, its batch norms settled); a name that is neither
+is refused before anything is timed, with the forms it takes."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from scripts import bench_sim
+from tests.support.public_zoo import available
+
+
+def test_a_name_that_is_no_network_is_refused_with_the_forms_it_takes(capsys):
+    for models in ("resnet", "tv:no_such_network", "timm:no_such_network", "keras:resnet50",
+                   "tv:", "tv:_api"):  # fmt: skip
+        with pytest.raises(SystemExit) as stop:
+            bench_sim.main(["--models", models, "--json", ""])
+        assert stop.value.code == 2, models
+        err = capsys.readouterr().err
+        assert "unknown model(s)" in err and "tv:<torchvision model>" in err, models
+    with pytest.raises(ValueError, match="tv:<torchvision name> or timm:<name>"):
+        bench_sim.public_model("keras:resnet50")
+
+
+@pytest.mark.skipif(not available("torchvision"), reason="torchvision is not installed")
+def test_a_torchvision_network_by_name_is_built_with_settled_batch_norms():
+    model, x = bench_sim.build("tv:regnet_y_400mf", 2)
+    assert type(model).__name__ == "RegNet" and not model.training
+    assert tuple(x.shape) == (2, 3, 224, 224)
+    norms = [m for m in model.modules() if isinstance(m, torch.nn.BatchNorm2d)]
+    # measured statistics, not the initial mean 0 / variance 1
+    assert norms and not torch.allclose(norms[3].running_var, torch.ones_like(norms[3].running_var))
+    again, _ = bench_sim.build("tv:regnet_y_400mf", 1)  # seeded: the same weights
+    first = next(model.parameters())
+    assert torch.equal(first, next(again.parameters()))
