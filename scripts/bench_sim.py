@@ -54,17 +54,18 @@ from tests.support.pt2e import quantize as pt2e_quantize  # noqa: E402
 from torch_fl.bpu import report  # noqa: E402
 from torch_fl.bpu.conversion import calibration_store  # noqa: E402
 from torch_fl.bpu.conversion.depthwise import OPS as DEPTHWISE_OPS  # noqa: E402
+from torch_fl.bpu.conversion.grouped_conv import DOT_OPS as GROUPED_DOT_OPS  # noqa: E402
 from torch_fl.bpu.conversion.grouped_conv import OPS as GROUPED_OPS  # noqa: E402
 from torch_fl.bpu.conversion.narrow_op import OPS as NARROW_OPS  # noqa: E402
 from torch_fl.bpu.runtime import sim_threads  # noqa: E402
-from torch_fl.bpu.runtime.executors import UNFUSED, fused_graph  # noqa: E402
+from torch_fl.bpu.runtime.executors import UNFUSED, fused_graph, narrow_kernel  # noqa: E402
 
 MODELS = ("resnet18", "mobilenetv3", "vit", "transformer_encoder")
 TARGETS = {"sim_vs_ort_int8": "ort_int8", "sim_vs_ort_fp32": "ort_fp32"}
 FUSED = {"QLinearConv", "QGemm", "QLinearMatMul", "QLinearAdd", "MatMulIntegerToFloat",
          "QLinearMul", "QLinearAveragePool", "QLinearGlobalAveragePool", "QLinearSoftmax",
          "ConvInteger", "MatMulInteger", "DynamicQuantizeMatMul", *DEPTHWISE_OPS.values(),
-         *GROUPED_OPS.values(),
+         *GROUPED_OPS.values(), *GROUPED_DOT_OPS.values(),
          *NARROW_OPS.values()}  # fmt: skip
 
 
@@ -268,7 +269,8 @@ def _fused_counts(runtime, threads: int, tmp: Path) -> dict:
     narrow = getattr(runtime._exec, "narrow_ops", 0)
     graph = _integer_graph(runtime)
     convs = bool(depthwise or grouped)  # one setting moves both (sim_depthwise)
-    rewritten = session_graph(graph, UNFUSED, bool(lookups), convs, bool(narrow)).data
+    dot = convs and narrow_kernel() == "vnni"
+    rewritten = session_graph(graph, UNFUSED, bool(lookups), convs, bool(narrow), dot).data
     if rewritten is not None:  # the executor's own graph: ORT's optimized form with our ops
         nodes = onnx.load_from_string(rewritten).graph.node
     else:

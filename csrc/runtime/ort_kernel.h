@@ -205,5 +205,6 @@ std::vector<const CustomOp*> lookup_ops();     // ort_lookup.cpp
 std::vector<const CustomOp*> depthwise_ops();  // ort_depthwise.cpp
 std::vector<const CustomOp*> narrow_ops();     // ort_narrow.cpp
 std::vector<const CustomOp*> mean_ops();       // ort_mean.cpp
+std::vector<const CustomOp*> grouped_dot_ops();  // ort_grouped_dot.cpp
 
 }  // namespace torch_fl::ort

@@ -157,7 +157,9 @@ void row_portable(const uint32_t* band, const int8_t* w, const int32_t* corr,
 }
 
 #if defined(TFL_X86_AVX512)
+#ifndef TFL_VNNI
 #define TFL_VNNI __attribute__((target("avx512f,avx512bw,avx512vl,fma,avx512vnni")))
+#endif
 
 bool have_vnni() {
   static const bool have = [] {

@@ -27,9 +27,12 @@ from tests.support.sim_ops import (
 )
 from torch_fl import _C
 from torch_fl.bpu.conversion.grouped_conv import (
+    DOT_OPS,
+    MAX_DOT_WIDTH,
     MAX_GROUP_WIDTH,
     OPS,
     candidates,
+    dot_fits,
     fits,
     rewrite_grouped,
 )
@@ -79,7 +82,9 @@ def _grouped(
     ]
     inputs = ["x", "xs", "xz", "w", "ws", "wz", "ys", "yz"]
     if bias:
-        inits.append(numpy_helper.from_array(rng.integers(-3000, 3001, outputs).astype(np.int32), "b"))
+        inits.append(
+            numpy_helper.from_array(rng.integers(-3000, 3001, outputs).astype(np.int32), "b")
+        )
         inputs.append("b")
     node = helper.make_node(
         "QLinearConv", inputs, ["y"], domain="com.microsoft", name="grouped",
@@ -108,14 +113,26 @@ CASES = {
 }
 
 
+KINDS = {"float": dict(dot=False, floats=True), "dot": dict(dot=True, floats=False)}
+"""The two ops: GroupedConv (float multiply-adds) and GroupedDotConv (VNNI byte dot products,
+groups a multiple of 4 wide)."""
+
+
+def _kind_cases() -> list[tuple[str, str]]:
+    return [(kind, case) for kind in KINDS for case in sorted(CASES)
+            if kind == "float" or CASES[case][2] % 4 == 0]  # fmt: skip
+
+
 @pytest.mark.parametrize("form", [0, 1], ids=["fastest", "portable"])
-@pytest.mark.parametrize("case", sorted(CASES))
-def test_op_is_qlinearconv_byte_for_byte(case, form):
+@pytest.mark.parametrize("kind,case", _kind_cases())
+def test_op_is_qlinearconv_byte_for_byte(kind, case, form):
     shape, outputs, width, kernel, strides, dilations, pads = CASES[case]
     rng = np.random.default_rng(zlib.crc32(case.encode()))
     model = _grouped(rng, shape, outputs, width, kernel, strides, dilations, pads)
-    rewrite = functools.partial(rewrite_grouped, form=form, every_shape=True)
-    assert_same_bytes(model, shape, rewrite, "GroupedConvU8")
+    rewrite = functools.partial(rewrite_grouped, form=form, every_shape=True, **KINDS[kind])
+    assert_same_bytes(
+        model, shape, rewrite, (OPS if kind == "float" else DOT_OPS)[TensorProto.UINT8]
+    )
 
 
 @pytest.mark.parametrize("form", [0, 1], ids=["fastest", "portable"])
@@ -132,25 +149,50 @@ def test_op_is_qlinearconv_byte_for_byte(case, form):
     ],
     ids=lambda q: ",".join(f"{k}={v}" for k, v in q.items()),
 )
-def test_zero_points_weight_types_and_scales(quant, form):
+@pytest.mark.parametrize("kind", sorted(KINDS))
+def test_zero_points_weight_types_and_scales(kind, quant, form):
     rng = np.random.default_rng(7)
     shape = (2, 9, 10, 24)
     model = _grouped(rng, shape, 24, 8, **quant)
     x_type = quant.get("x_type", TensorProto.UINT8)
     x = random_input(rng, shape, x_type)
-    expected, got, ops = both(model, x, lambda m: rewrite_grouped(m, form=form))
-    assert ops == [OPS[x_type]]
+    rewrite = functools.partial(rewrite_grouped, form=form, **KINDS[kind])
+    expected, got, ops = both(model, x, rewrite)
+    assert ops == [(OPS if kind == "float" else DOT_OPS)[x_type]]
     np.testing.assert_array_equal(got, expected)
     assert len(np.unique(expected)) > 20
 
 
-def test_split_over_two_threads_is_the_same():
+@pytest.mark.parametrize("kind", sorted(KINDS))
+def test_split_over_two_threads_is_the_same(kind):
     rng = np.random.default_rng(3)
     shape = (2, 30, 30, 48)  # enough work for several pieces (kMinPieceWork)
     model = _grouped(rng, shape, 48, 8, strides=(2, 2))
     x = random_input(rng, shape, TensorProto.UINT8)
-    expected, got, _ = both(model, x, lambda m: rewrite_grouped(m), threads=2)
+    expected, got, _ = both(model, x, lambda m: rewrite_grouped(m, **KINDS[kind]), threads=2)
     np.testing.assert_array_equal(got, expected)
+
+
+def test_the_dot_op_takes_what_its_words_fit_and_the_float_op_the_rest():
+    """With both ops on (a VNNI CPU): groups 4 or 8 wide, or whose outputs fill blocks of 16, up
+    to MAX_DOT_WIDTH, go to the dot op; 2 wide to the float op; u8 weights whose zero point
+    leaves them past int8 to the float op where it takes them; wider groups stay ORT's."""
+    assert [dot_fits(w, w) for w in (4, 8)] == [True, True]
+    assert dot_fits(16, 16) and dot_fits(MAX_DOT_WIDTH, MAX_DOT_WIDTH) and dot_fits(4, 16)
+    assert not dot_fits(2, 2) and not dot_fits(12, 12) and not dot_fits(2 * MAX_DOT_WIDTH, 64)
+    rng = np.random.default_rng(9)
+    for width, op in ((8, DOT_OPS), (16, DOT_OPS), (2, OPS), (64, None)):
+        model = _grouped(rng, (1, 6, 6, 128), 128, width)
+        taken = rewrite_grouped(model, dot=True)
+        assert taken == (op is not None), width
+        if op is not None:
+            assert [n.op_type for n in model.graph.node] == [op[TensorProto.UINT8]], width
+    # u8 weights with zero point 0: 0..255 less 0 does not fit int8
+    wide = _grouped(rng, (1, 6, 6, 32), 32, 8, w_type=TensorProto.UINT8)
+    point = next(i for i in wide.graph.initializer if i.name == "wz")
+    point.CopyFrom(numpy_helper.from_array(np.zeros(32, np.uint8), "wz"))
+    assert rewrite_grouped(wide, dot=True) == 1
+    assert [n.op_type for n in wide.graph.node] == ["GroupedConvU8"]
 
 
 def test_which_group_shapes_the_rewrite_takes():
@@ -196,20 +238,29 @@ def test_bad_geometry_names_the_op_and_the_problem():
         target.CopyFrom(numpy_helper.from_array(values, geometry.name))
         with pytest.raises(Exception, match=message):
             op_session(broken).run(None, {"x": x})
+    # the dot op: groups a multiple of 4 wide
+    dot = _grouped(rng, shape, 24, 8)
+    assert rewrite_grouped(dot, dot=True, floats=False) == 1
+    geometry = next(i for i in dot.graph.initializer if i.name.endswith("/geometry"))
+    values = numpy_helper.to_array(geometry).copy()
+    values[12] = 6
+    geometry.CopyFrom(numpy_helper.from_array(values, geometry.name))
+    with pytest.raises(Exception, match=r"GroupedDotConvU8: 24 input channels in groups of 6"):
+        op_session(dot).run(None, {"x": x})
 
 
 def test_candidates_reads_the_group_widths_where_the_weights_say():
     """Before ORT's optimizer a conv's weights are an initializer or a DequantizeLinear of one:
-    8-wide groups count, 32-wide and depthwise ones do not, unknown weights count."""
+    8-wide groups count, 64-wide and depthwise ones do not, unknown weights count."""
     inits = [
         numpy_helper.from_array(np.zeros((48, 8, 3, 3), np.int8), "w8"),
-        numpy_helper.from_array(np.zeros((64, 32, 3, 3), np.int8), "w32"),
+        numpy_helper.from_array(np.zeros((128, 64, 3, 3), np.int8), "w64"),
         numpy_helper.from_array(np.zeros((24, 1, 3, 3), np.float32), "wd"),
     ]
     nodes = [
         helper.make_node("DequantizeLinear", ["w8", "s"], ["w8f"]),
         helper.make_node("Conv", ["x", "w8f"], ["a"], group=6),
-        helper.make_node("Conv", ["a", "w32"], ["b"], group=2),
+        helper.make_node("Conv", ["a", "w64"], ["b"], group=2),
         helper.make_node("Conv", ["b", "wd"], ["c"], group=24),
         helper.make_node("Conv", ["c", "unknown"], ["d"], group=4),
         helper.make_node("Conv", ["d", "w8"], ["e"]),

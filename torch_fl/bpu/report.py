@@ -193,7 +193,8 @@ class Report:
             ("depthwise", "sim depthwise convs", "depthwise int8 conv{s} on the extension's "
              "AVX-512 kernel, bit-equal to ONNX Runtime's (conversion/depthwise.py)"),
             ("grouped", "sim grouped convs", "grouped int8 conv{s} of narrow groups on the "
-             "extension's AVX-512 kernel, bit-equal to ONNX Runtime's (conversion/grouped_conv.py)"),
+             "extension's AVX-512 / VNNI kernels, bit-equal to ONNX Runtime's "
+             "(conversion/grouped_conv.py)"),
             ("narrow_ops", "sim narrow convs", "narrow int8 conv{s} on the extension's VNNI "
              "kernel, bit-equal to ONNX Runtime's (conversion/narrow_op.py)"),
             ("lookup_means", "sim lookup means", "float lookup{s} and the ReduceMean over each as "

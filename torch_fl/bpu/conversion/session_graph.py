@@ -43,7 +43,8 @@ class SessionGraph:
     means: int = 0
     """Float lookups and the ReduceMean over each now one LookupMeanF32 (among `lookups`)."""
     grouped: int = 0
-    """Grouped int8 convs of narrow groups now the extension's GroupedConv op."""
+    """Grouped int8 convs of narrow groups now the extension's GroupedConv or GroupedDotConv
+    op."""
 
 
 def session_graph(
@@ -52,16 +53,18 @@ def session_graph(
     lookups: bool,
     depthwise: bool,
     narrow: bool = False,
+    dot: bool = False,
 ) -> SessionGraph:
     """ORT's optimized form of the integer graph `model` (without the optimizers in `disabled`)
     with its elementwise chains as lookups where `lookups` (a float lookup and the mean over it
     as one op: conversion/lookup_mean.py), its depthwise convs as DepthwiseConv and its
-    grouped convs of narrow groups as GroupedConv where `depthwise`, its convs over few input
-    channels as NarrowConv where `narrow`. No ORT pass is spent where no rewrite has anything
-    to replace."""
+    grouped convs of narrow groups as GroupedConv where `depthwise` (the float ops' AVX-512
+    form), as GroupedDotConv where `dot` (AVX512-VNNI) and that op takes them, its convs over
+    few input channels as NarrowConv where `narrow`. No ORT pass is spent where no rewrite has
+    anything to replace."""
     want_lookups = lookups and has_chains(model)
     want_depthwise = depthwise and candidates(model) > 0
-    want_grouped = depthwise and grouped_candidates(model) > 0
+    want_grouped = (depthwise or dot) and grouped_candidates(model) > 0
     want_narrow = narrow and narrow_candidates(model) > 0
     if not (want_lookups or want_depthwise or want_grouped or want_narrow):
         return SessionGraph(None, 0, 0)
@@ -69,7 +72,7 @@ def session_graph(
     n_lookups = fuse_lookups(optimized) if want_lookups else 0
     n_means = fuse_means(optimized, reduce_shapes(model)) if n_lookups and pairs(optimized) else 0
     n_depthwise = rewrite_depthwise(optimized) if want_depthwise else 0
-    n_grouped = rewrite_grouped(optimized) if want_grouped else 0
+    n_grouped = rewrite_grouped(optimized, dot=dot, floats=depthwise) if want_grouped else 0
     n_narrow = rewrite_narrow(optimized) if want_narrow else 0
     changed = n_lookups or n_depthwise or n_grouped or n_narrow
     data = optimized.SerializeToString() if changed else None

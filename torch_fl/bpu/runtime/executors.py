@@ -133,8 +133,8 @@ class SimExecutor:
         `lookups`: the fused graph's elementwise chains as table lookups (conversion/lookups.py)
         where this ONNX Runtime can load the lookup ops; `depthwise`: its depthwise int8 convs
         as the extension's DepthwiseConv op (conversion/depthwise.py), its grouped convs of
-        narrow groups as GroupedConv (conversion/grouped_conv.py), where those ops have their
-        AVX-512 form here; `narrow`: its convs over few input channels as the NarrowConv op
+        narrow groups as GroupedConv or GroupedDotConv (conversion/grouped_conv.py), where those
+        ops have their AVX-512 / AVX512-VNNI form here; `narrow`: its convs over few input channels as the NarrowConv op
         (conversion/narrow_op.py) where that op has its VNNI form here, else as exact float
         convs (conversion/narrow_convs.py)."""
         self.kernels = kernels or KernelChoice("float", "float Q/DQ")
@@ -168,7 +168,8 @@ class SimExecutor:
                 )
                 if ops:
                     fast_depthwise = depthwise and depthwise_kernel() == "avx512"
-                    self._open_rewritten(model, lookups, fast_depthwise, fast_narrow)
+                    dot = depthwise and narrow_kernel() == "vnni"  # AVX512-VNNI's grouped convs
+                    self._open_rewritten(model, lookups, fast_depthwise, fast_narrow, dot)
                 if not self._rewritten():
                     self._open_session(model.SerializeToString(), fused=True)
             except Exception as exc:  # noqa: BLE001  (any rejection: the float path is exact)
@@ -202,14 +203,14 @@ class SimExecutor:
         return self.lookups + self.depthwise + self.grouped + self.narrow_ops
 
     def _open_rewritten(
-        self, model: onnx.ModelProto, lookups: bool, depthwise: bool, narrow: bool
+        self, model: onnx.ModelProto, lookups: bool, depthwise: bool, narrow: bool, dot: bool
     ) -> None:
         """Open the session on ORT's optimized form of the fused graph `model` with the
         extension's ops in it (conversion/session_graph.py); where it has nothing to replace or
         that fails, `self.lookups`, `self.depthwise`, `self.grouped` and `self.narrow_ops` stay 0
         and ORT's own ops run it all (the same numbers)."""
         try:
-            graph = session_graph(model, UNFUSED, lookups, depthwise, narrow)
+            graph = session_graph(model, UNFUSED, lookups, depthwise, narrow, dot)
             if graph.data is not None:
                 self.lookups, self.depthwise = graph.lookups, graph.depthwise
                 self.narrow_ops, self.lookup_means = graph.narrow, graph.means
