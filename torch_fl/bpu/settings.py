@@ -423,11 +423,11 @@ class BpuSettings:
         "bool",
         "In the sim's fused integer graph, run each depthwise int8 conv whose channel count ONNX "
         "Runtime's AVX-512 kernel handles slowly (not a multiple of 16), and each grouped int8 "
-        "conv of groups 2 to 8 channels wide (which ORT runs as one small GEMM a group), on the "
-        "extension's own op: exact float multiply-adds over the integers, then ORT's "
-        "requantization, so the bytes are QLinearConv's (conversion/depthwise.py, "
-        "grouped_conv.py). Only where the CPU has AVX-512. False: ONNX Runtime's QLinearConv "
-        "runs them all.",
+        "conv of groups 2 to 16 channels wide (which ORT runs as one small GEMM a group), on the "
+        "extension's own ops: exact float multiply-adds over the integers, or AVX512-VNNI byte "
+        "dot products into QLinearConv's own int32, then ORT's requantization, so the bytes are "
+        "QLinearConv's (conversion/depthwise.py, grouped_conv.py). Only where the CPU has "
+        "AVX-512. False: ONNX Runtime's QLinearConv runs them all.",
         "FLAGOS_BPU_SIM_DEPTHWISE",
     )
     sim_narrow_op: bool = _option(
