@@ -289,7 +289,12 @@ def test_background_check_sees_changes_that_bump_no_version(idiom):
         pytest.skip("one usable CPU: the check runs before the call")
     model, x, compiled, rt, before = _wide_compiled()
     check = rt.entry.weight_check
-    assert check == {"beside": True, "threads": freezing._usable_cpus() - 1, "pass": "native"}
+    assert check == {
+        "beside": True,
+        "threads": freezing._usable_cpus() - 1,
+        "pass": "native",
+        "watch": "off (weight_watch=False)",
+    }
     with torch.no_grad():
         assert rt._frozen is not None and rt._frozen.overlap
         assert torch.equal(compiled(x), before) and rt.builds == 1
