@@ -439,13 +439,10 @@ Status* compute(void* kernel, KernelContext* context, bool grouped) {
   const float* wf = static_cast<const float*>(w.data);
   const float* bf = static_cast<const float*>(bias.data);
   const float* sf = static_cast<const float*>(scale.data);
-  return run_row_parts(context, total_rows, row_work, kMinPieceWork, [&](int64_t r0, int64_t r1) {
-    if (spec.type == kUint8) {
-      rows(static_cast<const uint8_t*>(x.data), wf, bf, sf, g, r0, r1, static_cast<uint8_t*>(out));
-    } else {
-      rows(static_cast<const int8_t*>(x.data), wf, bf, sf, g, r0, r1, static_cast<int8_t*>(out));
-    }
-  });
+  return run_typed_rows(context, spec.type, x.data, out, total_rows, row_work, kMinPieceWork,
+                        [&](auto in, auto y, int64_t r0, int64_t r1) {
+                          rows(in, wf, bf, sf, g, r0, r1, y);
+                        });
 }
 
 int input_type(const CustomOp* op, size_t index) {

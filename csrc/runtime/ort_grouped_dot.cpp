@@ -109,10 +109,6 @@ void row_portable(const uint8_t* band, const int8_t* w, const int32_t* corr, con
 }
 
 #if defined(TFL_X86_AVX512)
-#ifndef TFL_VNNI
-#define TFL_VNNI __attribute__((target("avx512f,avx512bw,avx512vl,fma,avx512vnni")))
-#endif
-
 // How a block of 16 outputs finds its lanes' input words (see the top of the file).
 enum Reads { kBroadcast = 0, kPermute = 1, kPlain = 2 };
 
@@ -124,14 +120,6 @@ Reads reads(const Geometry& g) {
 }
 
 
-bool have_vnni() {
-  static const bool have = [] {
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
-  }();
-  return have;
-}
 
 // P output pixels from pixel `p` of the band's output rows (row-major, so a tile may span rows:
 // a 7x7 output is six tiles of 8 and one pixel, not seven rows of 4 + 1 + 1 + 1), the 16
@@ -350,13 +338,10 @@ Status* compute(void* kernel, KernelContext* context) {
   const int8_t* wt = static_cast<const int8_t*>(w.data);
   const int32_t* cf = static_cast<const int32_t*>(corr.data);
   const float* sf = static_cast<const float*>(scale.data);
-  return run_row_parts(context, total_rows, row_work, kMinPieceWork, [&](int64_t r0, int64_t r1) {
-    if (spec.type == kUint8) {
-      rows(static_cast<const uint8_t*>(x.data), wt, cf, sf, g, r0, r1, static_cast<uint8_t*>(out));
-    } else {
-      rows(static_cast<const int8_t*>(x.data), wt, cf, sf, g, r0, r1, static_cast<int8_t*>(out));
-    }
-  });
+  return run_typed_rows(context, spec.type, x.data, out, total_rows, row_work, kMinPieceWork,
+                        [&](auto in, auto y, int64_t r0, int64_t r1) {
+                          rows(in, wt, cf, sf, g, r0, r1, y);
+                        });
 }
 
 int input_type(const CustomOp* op, size_t index) {

@@ -116,6 +116,21 @@ Status* run_row_parts(KernelContext* context, int64_t total_rows, int64_t row_wo
   });
 }
 
+// run_row_parts for a conv op whose 8-bit x and y share `type` (kUint8 or kInt8):
+// body(x, y, r0, r1) with x and y as pointers to that type (the sim's conv ops).
+template <class Body>
+Status* run_typed_rows(KernelContext* context, int type, const void* x, void* y,
+                       int64_t total_rows, int64_t row_work, int64_t min_piece_work,
+                       const Body& body) {
+  return run_row_parts(context, total_rows, row_work, min_piece_work, [&](int64_t r0, int64_t r1) {
+    if (type == kUint8) {
+      body(static_cast<const uint8_t*>(x), static_cast<uint8_t*>(y), r0, r1);
+    } else {
+      body(static_cast<const int8_t*>(x), static_cast<int8_t*>(y), r0, r1);
+    }
+  });
+}
+
 // Runs body(piece) for every piece of `pieces`.
 template <class Body>
 Status* run_pieces(KernelContext* context, const Pieces& pieces, const Body& body) {

@@ -157,19 +157,6 @@ void row_portable(const uint32_t* band, const int8_t* w, const int32_t* corr,
 }
 
 #if defined(TFL_X86_AVX512)
-#ifndef TFL_VNNI
-#define TFL_VNNI __attribute__((target("avx512f,avx512bw,avx512vl,fma,avx512vnni")))
-#endif
-
-bool have_vnni() {
-  static const bool have = [] {
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
-  }();
-  return have;
-}
-
 // P output pixels from `ow`, NB blocks of 16 output channels: per tap, each pixel's input word
 // broadcast once and each block's weights loaded once (P x NB accumulators).
 template <class T, int NB, int P>
@@ -394,13 +381,10 @@ Status* compute(void* kernel, KernelContext* context) {
   const int64_t row_work = g.ow * g.co16 * taps;
   const float* sf = static_cast<const float*>(scale.data);
   const int32_t* cf = corr.data();
-  return run_row_parts(context, total_rows, row_work, kMinPieceWork, [&](int64_t r0, int64_t r1) {
-    if (spec.type == kUint8) {
-      rows(static_cast<const uint8_t*>(x.data), wt, cf, sf, g, r0, r1, static_cast<uint8_t*>(out));
-    } else {
-      rows(static_cast<const int8_t*>(x.data), wt, cf, sf, g, r0, r1, static_cast<int8_t*>(out));
-    }
-  });
+  return run_typed_rows(context, spec.type, x.data, out, total_rows, row_work, kMinPieceWork,
+                        [&](auto in, auto y, int64_t r0, int64_t r1) {
+                          rows(in, wt, cf, sf, g, r0, r1, y);
+                        });
 }
 
 int input_type(const CustomOp* op, size_t index) {

@@ -17,9 +17,9 @@ from onnx import TensorProto, helper, numpy_helper
 
 from tests.support.sim_ops import (
     NP,
+    assert_moved_and_unchanged,
     assert_same_bytes,
     both,
-    compiled_both_ways,
     conv_graph,
     op_session,
     random_input,
@@ -209,18 +209,9 @@ class _Depthwise(torch.nn.Module):
 def test_compiled_model_is_unchanged_by_the_op_and_explain_counts_it():
     torch.manual_seed(0)
     model = _Depthwise().eval()
-    x = torch.randn(2, 3, 32, 32)
-    samples = [torch.randn(2, 3, 32, 32) for _ in range(3)]
-    outs, runtimes, lines = compiled_both_ways(model, x, samples, "sim_depthwise", "depthwise")
-    sims = runtimes[True]
-    fast = _C._depthwise_kernel() == "avx512"
-    assert sum(r._exec.depthwise for r in sims) == (2 if fast else 0)
-    assert sum(r._exec.depthwise for r in runtimes[False]) == 0
-    assert len(lines[True]) == (1 if fast else 0) and not lines[False]
-    if fast:
-        assert "2 depthwise int8 convs" in lines[True][0]
-    for a, b in zip(outs[True], outs[False], strict=True):
-        assert torch.equal(a, b)
+    assert_moved_and_unchanged(
+        model, "sim_depthwise", "depthwise", "depthwise", 2, "2 depthwise int8 convs"
+    )
 
 
 def _ties(xs: np.float32, ys: np.float32, count: int) -> list[tuple[np.float32, int]]:

@@ -18,14 +18,13 @@ from onnx import TensorProto, helper, numpy_helper
 
 from tests.support.sim_ops import (
     NP,
+    assert_moved_and_unchanged,
     assert_same_bytes,
     both,
-    compiled_both_ways,
     conv_graph,
     op_session,
     random_input,
 )
-from torch_fl import _C
 from torch_fl.bpu.conversion.grouped_conv import (
     DOT_OPS,
     MAX_DOT_WIDTH,
@@ -291,14 +290,6 @@ class _Grouped(torch.nn.Module):
 def test_compiled_model_is_unchanged_by_the_op_and_explain_counts_it():
     torch.manual_seed(0)
     model = _Grouped().eval()
-    x = torch.randn(2, 3, 32, 32)
-    samples = [torch.randn(2, 3, 32, 32) for _ in range(3)]
-    outs, runtimes, lines = compiled_both_ways(model, x, samples, "sim_depthwise", "grouped")
-    fast = _C._depthwise_kernel() == "avx512"
-    assert sum(r._exec.grouped for r in runtimes[True]) == (2 if fast else 0)
-    assert sum(r._exec.grouped for r in runtimes[False]) == 0
-    assert len(lines[True]) == (1 if fast else 0) and not lines[False]
-    if fast:
-        assert "2 grouped int8 convs of narrow groups" in lines[True][0]
-    for a, b in zip(outs[True], outs[False], strict=True):
-        assert torch.equal(a, b)
+    assert_moved_and_unchanged(
+        model, "sim_depthwise", "grouped", "grouped", 2, "2 grouped int8 convs of narrow groups"
+    )

@@ -102,3 +102,26 @@ def compiled_both_ways(
         table = report.Report(reps).table()
         lines[value] = [line for line in table.splitlines() if word in line]
     return outs, runtimes, lines
+
+
+def assert_moved_and_unchanged(
+    model: torch.nn.Module, option: str, word: str, counter: str, moved: int, phrase: str
+) -> None:
+    """`model` compiled with `option` on and off (`compiled_both_ways`, on a 2x3x32x32 input):
+    on, where the extension's AVX-512 conv form runs here, the sims' executors count `moved`
+    nodes in `counter` and explain() has one line naming `word` with `phrase`; off, none; the
+    outputs equal bit for bit either way."""
+    from torch_fl import _C
+
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, 32, 32)
+    samples = [torch.randn(2, 3, 32, 32) for _ in range(3)]
+    outs, runtimes, lines = compiled_both_ways(model, x, samples, option, word)
+    fast = _C._depthwise_kernel() == "avx512"
+    assert sum(getattr(r._exec, counter) for r in runtimes[True]) == (moved if fast else 0)
+    assert sum(getattr(r._exec, counter) for r in runtimes[False]) == 0
+    assert len(lines[True]) == (1 if fast else 0) and not lines[False]
+    if fast:
+        assert phrase in lines[True][0]
+    for a, b in zip(outs[True], outs[False], strict=True):
+        assert torch.equal(a, b)
