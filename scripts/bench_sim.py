@@ -74,24 +74,29 @@ PUBLIC = ("tv", "timm")
 from their library's definition with seeded random weights, at 224x224."""
 
 
-def public_model(name: str) -> torch.nn.Module | None:
-    """The `tv:` / `timm:` network `name` (random weights, its batch norms' statistics measured
-    on random inputs as training leaves them: tests/support/public_zoo.py), None where its
-    library lacks it; a ValueError names a prefix that is not one of `PUBLIC`."""
+def _public_maker(name: str) -> Callable[[], torch.nn.Module] | None:
+    """What builds the `tv:` / `timm:` network `name` (without building it), None where its
+    library does not register it; a ValueError names a prefix that is not one of `PUBLIC`."""
     library, _, arch = name.partition(":")
     if library not in PUBLIC or not arch:
         raise ValueError(f"{name!r}: a public network is tv:<torchvision name> or timm:<name>")
-    torch.manual_seed(0)
     if library == "tv":
         from tests.support.public_zoo import import_torchvision
 
-        make = getattr(import_torchvision().models, arch, None)
-        if make is None or not callable(make) or arch.startswith("_"):
-            return None
-        return make()
+        models = import_torchvision().models  # its registry: not get_model or other helpers
+        return (lambda: models.get_model(arch)) if arch in models.list_models() else None
     import timm
 
-    return timm.create_model(arch, pretrained=False) if timm.is_model(arch) else None
+    return (lambda: timm.create_model(arch, pretrained=False)) if timm.is_model(arch) else None
+
+
+def public_model(name: str) -> torch.nn.Module | None:
+    """The `tv:` / `timm:` network `name` with seeded random weights (`build` then settles its
+    batch norms: tests/support/public_zoo.py), None where its library lacks it; a ValueError
+    names a prefix that is not one of `PUBLIC`."""
+    make = _public_maker(name)
+    torch.manual_seed(0)
+    return make() if make is not None else None
 
 
 def build(name: str, batch: int) -> tuple[torch.nn.Module, torch.Tensor]:
@@ -538,9 +543,9 @@ def _ints(text: str, flag: str) -> list[int]:
 
 
 def _public_known(name: str) -> bool:
-    """Whether `name` is a `tv:` / `timm:` network its library defines here."""
+    """Whether `name` is a `tv:` / `timm:` network its library registers here (not built)."""
     try:
-        return ":" in name and public_model(name) is not None
+        return ":" in name and _public_maker(name) is not None
     except (ValueError, ImportError):
         return False
 

@@ -13,7 +13,7 @@ from tests.support.public_zoo import available
 
 def test_a_name_that_is_no_network_is_refused_with_the_forms_it_takes(capsys):
     for models in ("resnet", "tv:no_such_network", "timm:no_such_network", "keras:resnet50",
-                   "tv:", "tv:_api"):  # fmt: skip
+                   "tv:", "tv:_api", "tv:get_model", "tv:list_models"):  # fmt: skip
         with pytest.raises(SystemExit) as stop:
             bench_sim.main(["--models", models, "--json", ""])
         assert stop.value.code == 2, models
