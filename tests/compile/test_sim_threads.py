@@ -35,6 +35,14 @@ def test_choice_adds_the_check_where_no_cpu_is_left_for_it():
     assert sim_threads.choose({1: 0.008, 2: 0.008}, 0.0, lambda n: True).threads == 1
 
 
+def test_choice_ranks_by_unrounded_times_so_the_first_is_the_count_chosen():
+    # 0.1234 and 0.1233 ms both show as 0.123: the ranking (what the confirmation's first block
+    # runs on) must still put the faster count, the one chosen, first
+    choice = sim_threads.choose({1: 1.234e-4, 2: 1.233e-4, 4: 2e-4}, 0.0, lambda n: True)
+    assert choice.times_ms == {1: 0.123, 2: 0.123, 4: 0.2}
+    assert choice.threads == 2 and choice.ranked == (2, 1, 4)
+
+
 def test_measure_interleaves_and_bounds_its_rounds():
     calls: list[int] = []
     times = sim_threads.measure(
@@ -102,6 +110,25 @@ def test_measured_choice_is_used_and_explained():
     with torch.no_grad():
         again = compiled(x)
     assert torch.equal(again, out) and rt.builds == 1
+
+
+@pytest.mark.skipif(sim_threads.usable_cpus() < 2, reason="one count only: nothing to rank")
+def test_a_near_tie_still_runs_the_count_explain_names(monkeypatch):
+    # times that round alike, the larger count faster by a tenth of a microsecond: the first
+    # call (the confirmation's first block) must run on the count chosen
+    from torch_fl.bpu.runtime.executors import SimExecutor
+
+    real = SimExecutor.time_threads
+
+    def near_tie(self, args):
+        measured = real(self, args)  # opens the trial sessions
+        return {n: 1.234e-4 - 1e-7 * (n > 1) for n in measured}
+
+    monkeypatch.setattr(SimExecutor, "time_threads", near_tie)
+    reps, _, _, _ = _first_call(sim_threads=2)
+    rt = runtimes(reps)[0]
+    assert rt.entry.sim_threads["threads"] == 2
+    assert rt._exec.session.get_session_options().intra_op_num_threads == 2
 
 
 @pytest.mark.parametrize("threads", [1, 2])

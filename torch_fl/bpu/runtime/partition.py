@@ -550,7 +550,8 @@ def _thread_choice(
         session_s, check_s, frozen.can_overlap if frozen is not None else (lambda n: True)
     )
     # the two fastest stay open: the next calls confirm the choice (sim_threads.Confirmation)
-    leading = tuple(sorted(choice.times_ms, key=lambda n: (choice.times_ms[n], n))[:2])
+    # (the first call runs the confirmation's first block: on the count chosen, `ranked[0]`)
+    leading = choice.ranked[:2]
     executor.use_threads(choice.threads, keep=leading)
     if frozen is not None:
         frozen.occupy(choice.threads)

@@ -66,6 +66,10 @@ class ThreadChoice:
     times_ms: dict[int, float] | None = None
     """Median ms per call at each candidate count, the weight check included where it is paid
     inside the call (None: not measured)."""
+    ranked: tuple[int, ...] = ()
+    """The counts measured, fastest first by their unrounded times (`threads` first). Ranking
+    `times_ms` instead, rounded to the microsecond, can put another count first on a near tie,
+    and the confirmation's first block would then run a count explain() does not name."""
 
 
 def candidates(cap: int, cpus: int) -> tuple[int, ...]:
@@ -115,11 +119,12 @@ def choose(
     (no CPU left for the checker thread: the check runs before the call)."""
     inside = {n for n in session_s if check_s and not check_beside(n)}
     total = {n: s + (check_s if n in inside else 0.0) for n, s in session_s.items()}
-    best = min(total, key=lambda n: (total[n], n))
+    ranked = tuple(sorted(total, key=lambda n: (total[n], n)))
+    best = ranked[0]
     times = {n: round(t * 1e3, 3) for n, t in sorted(total.items())}
     shown = ", ".join(f"{n} thread{'s' * (n > 1)} {t:g} ms" for n, t in times.items())
     checked = f"; the weight check included at {sorted(inside)}" if inside else ""
-    return ThreadChoice(best, f"measured on the first call: {shown}{checked}", times)
+    return ThreadChoice(best, f"measured on the first call: {shown}{checked}", times, ranked)
 
 
 CONFIRM_ROUNDS = 3
