@@ -56,6 +56,7 @@ from torch_fl.bpu.conversion import calibration_store  # noqa: E402
 from torch_fl.bpu.conversion.depthwise import OPS as DEPTHWISE_OPS  # noqa: E402
 from torch_fl.bpu.conversion.grouped_conv import DOT_OPS as GROUPED_DOT_OPS  # noqa: E402
 from torch_fl.bpu.conversion.grouped_conv import OPS as GROUPED_OPS  # noqa: E402
+from torch_fl.bpu.conversion.max_pool import OPS as POOL_OPS  # noqa: E402
 from torch_fl.bpu.conversion.narrow_op import OPS as NARROW_OPS  # noqa: E402
 from torch_fl.bpu.runtime import sim_threads  # noqa: E402
 from torch_fl.bpu.runtime.executors import UNFUSED, fused_graph, narrow_kernel  # noqa: E402
@@ -66,7 +67,7 @@ FUSED = {"QLinearConv", "QGemm", "QLinearMatMul", "QLinearAdd", "MatMulIntegerTo
          "QLinearMul", "QLinearAveragePool", "QLinearGlobalAveragePool", "QLinearSoftmax",
          "ConvInteger", "MatMulInteger", "DynamicQuantizeMatMul", *DEPTHWISE_OPS.values(),
          *GROUPED_OPS.values(), *GROUPED_DOT_OPS.values(),
-         *NARROW_OPS.values()}  # fmt: skip
+         *NARROW_OPS.values(), *POOL_OPS.values()}  # fmt: skip
 
 
 PUBLIC = ("tv", "timm")
@@ -259,8 +260,8 @@ def _session_without_lookups(runtime):
 
 def _fused_counts(runtime, threads: int, tmp: Path) -> dict:
     """What ORT runs for this partition after its optimizer: fused integer vs float Q/DQ, the
-    elementwise chains it runs as table lookups and the depthwise, grouped and narrow convs on the
-    extension's ops."""
+    elementwise chains it runs as table lookups and the depthwise, grouped and narrow convs and
+    the channels-first max pools on the extension's ops."""
     import onnx
 
     from torch_fl.bpu.conversion.session_graph import session_graph
@@ -272,10 +273,13 @@ def _fused_counts(runtime, threads: int, tmp: Path) -> dict:
     depthwise = getattr(runtime._exec, "depthwise", 0)
     grouped = getattr(runtime._exec, "grouped", 0)
     narrow = getattr(runtime._exec, "narrow_ops", 0)
+    pools = getattr(runtime._exec, "pools", 0)
     graph = _integer_graph(runtime)
     convs = bool(depthwise or grouped)  # one setting moves both (sim_depthwise)
     dot = convs and narrow_kernel() == "vnni"
-    rewritten = session_graph(graph, UNFUSED, bool(lookups), convs, bool(narrow), dot).data
+    rewritten = session_graph(
+        graph, UNFUSED, bool(lookups), convs, bool(narrow), dot, bool(pools)
+    ).data
     if rewritten is not None:  # the executor's own graph: ORT's optimized form with our ops
         nodes = onnx.load_from_string(rewritten).graph.node
     else:
@@ -288,6 +292,7 @@ def _fused_counts(runtime, threads: int, tmp: Path) -> dict:
         "lookups": lookups,
         "depthwise": depthwise,
         "grouped": grouped,
+        "pools": pools,
         "narrow_ops": narrow,
         "fused_integer_nodes": sum(v for k, v in ops.items() if k in FUSED),
         "float_qdq_nodes": ops["QuantizeLinear"] + ops["DequantizeLinear"],

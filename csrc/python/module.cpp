@@ -16,6 +16,7 @@
 #include "runtime/device_guard.h"
 #include "runtime/fingerprint.h"
 #include "runtime/ort_depthwise.h"
+#include "runtime/ort_maxpool.h"
 #include "runtime/ort_narrow.h"
 #include "runtime/ort_lookup.h"
 #include "runtime/hooks.h"
@@ -261,6 +262,7 @@ PYBIND11_MODULE(_C, m) {
   m.def("_depthwise_kernel", [] { return std::string(torch_fl::depthwise_kernel()); });
   // which form the sim's narrow conv op (csrc/runtime/ort_narrow.cpp) uses here
   m.def("_narrow_kernel", [] { return std::string(torch_fl::narrow_kernel()); });
+  m.def("_maxpool_kernel", [] { return std::string(torch_fl::maxpool_kernel()); });
 
   m.def("_device_count", [] { return static_cast<int>(torch_fl::kDeviceCount); });
   m.def("_current_device", [] { return static_cast<int>(torch_fl::current_device()); });

@@ -221,5 +221,6 @@ std::vector<const CustomOp*> depthwise_ops();  // ort_depthwise.cpp
 std::vector<const CustomOp*> narrow_ops();     // ort_narrow.cpp
 std::vector<const CustomOp*> mean_ops();       // ort_mean.cpp
 std::vector<const CustomOp*> grouped_dot_ops();  // ort_grouped_dot.cpp
+std::vector<const CustomOp*> maxpool_ops();      // ort_maxpool.cpp
 
 }  // namespace torch_fl::ort

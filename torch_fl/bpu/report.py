@@ -195,6 +195,8 @@ class Report:
             ("grouped", "sim grouped convs", "grouped int8 conv{s} of narrow groups on the "
              "extension's AVX-512 / VNNI kernels, bit-equal to ONNX Runtime's "
              "(conversion/grouped_conv.py)"),
+            ("pools", "sim max pools", "channels-first 8-bit max pool{s} on the extension's "
+             "op, bit-equal to ONNX Runtime's (conversion/max_pool.py)"),
             ("narrow_ops", "sim narrow convs", "narrow int8 conv{s} on the extension's VNNI "
              "kernel, bit-equal to ONNX Runtime's (conversion/narrow_op.py)"),
             ("lookup_means", "sim lookup means", "float lookup{s} and the ReduceMean over each as "

@@ -427,7 +427,9 @@ class BpuSettings:
         "extension's own ops: exact float multiply-adds over the integers, or AVX512-VNNI byte "
         "dot products into QLinearConv's own int32, then ORT's requantization, so the bytes are "
         "QLinearConv's (conversion/depthwise.py, grouped_conv.py). Only where the CPU has "
-        "AVX-512. False: ONNX Runtime's QLinearConv runs them all.",
+        "AVX-512. Also each 8-bit max pool ONNX Runtime leaves channels-first (its generic "
+        "loop) on the extension's pool op, on every CPU (conversion/max_pool.py). False: ONNX "
+        "Runtime's QLinearConv and MaxPool run them all.",
         "FLAGOS_BPU_SIM_DEPTHWISE",
     )
     sim_narrow_op: bool = _option(

@@ -1,6 +1,6 @@
 """The graph a fused sim session opens: ONNX Runtime's own optimized form of the integer graph,
 with the extension's ops in it (conversion/lookups.py and lookup_mean.py, conversion/depthwise.py,
-conversion/grouped_conv.py, conversion/narrow_op.py).
+conversion/grouped_conv.py, conversion/narrow_op.py, conversion/max_pool.py).
 
 The rewrites work on ORT's optimized form rather than on the graph it receives: there the
 integer convs already run channels-last with the transposes between them cancelled, and an op
@@ -23,6 +23,8 @@ from torch_fl.bpu.conversion.grouped_conv import candidates as grouped_candidate
 from torch_fl.bpu.conversion.grouped_conv import rewrite_grouped
 from torch_fl.bpu.conversion.lookup_mean import fuse_means, pairs, reduce_shapes
 from torch_fl.bpu.conversion.lookups import fuse_lookups, has_chains, ort_optimized
+from torch_fl.bpu.conversion.max_pool import candidates as pool_candidates
+from torch_fl.bpu.conversion.max_pool import rewrite_max_pools
 from torch_fl.bpu.conversion.narrow_op import candidates as narrow_candidates
 from torch_fl.bpu.conversion.narrow_op import rewrite_narrow
 
@@ -45,6 +47,8 @@ class SessionGraph:
     grouped: int = 0
     """Grouped int8 convs of narrow groups now the extension's GroupedConv or GroupedDotConv
     op."""
+    pools: int = 0
+    """Channels-first 8-bit max pools now the extension's MaxPool op."""
 
 
 def session_graph(
@@ -54,19 +58,21 @@ def session_graph(
     depthwise: bool,
     narrow: bool = False,
     dot: bool = False,
+    pools: bool = False,
 ) -> SessionGraph:
     """ORT's optimized form of the integer graph `model` (without the optimizers in `disabled`)
     with its elementwise chains as lookups where `lookups` (a float lookup and the mean over it
     as one op: conversion/lookup_mean.py), its depthwise convs as DepthwiseConv and its
     grouped convs of narrow groups as GroupedConv where `depthwise` (the float ops' AVX-512
     form), as GroupedDotConv where `dot` (AVX512-VNNI) and that op takes them, its convs over
-    few input channels as NarrowConv where `narrow`. No ORT pass is spent where no rewrite has
-    anything to replace."""
+    few input channels as NarrowConv where `narrow`, its channels-first 8-bit max pools as
+    MaxPool where `pools`. No ORT pass is spent where no rewrite has anything to replace."""
     want_lookups = lookups and has_chains(model)
     want_depthwise = depthwise and candidates(model) > 0
     want_grouped = (depthwise or dot) and grouped_candidates(model) > 0
     want_narrow = narrow and narrow_candidates(model) > 0
-    if not (want_lookups or want_depthwise or want_grouped or want_narrow):
+    want_pools = pools and pool_candidates(model) > 0
+    if not (want_lookups or want_depthwise or want_grouped or want_narrow or want_pools):
         return SessionGraph(None, 0, 0)
     optimized = ort_optimized(model, disabled)
     n_lookups = fuse_lookups(optimized) if want_lookups else 0
@@ -74,6 +80,7 @@ def session_graph(
     n_depthwise = rewrite_depthwise(optimized) if want_depthwise else 0
     n_grouped = rewrite_grouped(optimized, dot=dot, floats=depthwise) if want_grouped else 0
     n_narrow = rewrite_narrow(optimized) if want_narrow else 0
-    changed = n_lookups or n_depthwise or n_grouped or n_narrow
+    n_pools = rewrite_max_pools(optimized) if want_pools else 0
+    changed = n_lookups or n_depthwise or n_grouped or n_narrow or n_pools
     data = optimized.SerializeToString() if changed else None
-    return SessionGraph(data, n_lookups, n_depthwise, n_narrow, n_means, n_grouped)
+    return SessionGraph(data, n_lookups, n_depthwise, n_narrow, n_means, n_grouped, n_pools)

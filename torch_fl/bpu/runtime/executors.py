@@ -149,6 +149,8 @@ class SimExecutor:
         """How many depthwise int8 convs the session runs on the extension's op."""
         self.grouped = 0
         """How many grouped int8 convs of narrow groups the session runs on the extension's op."""
+        self.pools = 0
+        """How many channels-first 8-bit max pools the session runs on the extension's op."""
         self.narrow_ops = 0
         """How many narrow int8 convs the session runs on the extension's op."""
         self.lookup_means = 0
@@ -169,12 +171,15 @@ class SimExecutor:
                 if ops:
                     fast_depthwise = depthwise and depthwise_kernel() == "avx512"
                     dot = depthwise and narrow_kernel() == "vnni"  # AVX512-VNNI's grouped convs
-                    self._open_rewritten(model, lookups, fast_depthwise, fast_narrow, dot)
+                    # the pool op's plain loop beats ORT's channels-first byte pool too
+                    self._open_rewritten(
+                        model, lookups, fast_depthwise, fast_narrow, dot, pools=depthwise
+                    )
                 if not self._rewritten():
                     self._open_session(model.SerializeToString(), fused=True)
             except Exception as exc:  # noqa: BLE001  (any rejection: the float path is exact)
                 self.narrow_convs = self.lookups = self.depthwise = self.narrow_ops = 0
-                self.lookup_means = self.grouped = 0
+                self.lookup_means = self.grouped = self.pools = 0
                 why = str(exc).strip().splitlines()[0][:160] if str(exc).strip() else ""
                 self.kernels = KernelChoice(
                     "float", f"{self.kernels.path} form rejected ({type(exc).__name__}: {why})"
@@ -200,27 +205,33 @@ class SimExecutor:
 
     def _rewritten(self) -> int:
         """How many of the fused graph's nodes run on the extension's ops."""
-        return self.lookups + self.depthwise + self.grouped + self.narrow_ops
+        return self.lookups + self.depthwise + self.grouped + self.narrow_ops + self.pools
 
     def _open_rewritten(
-        self, model: onnx.ModelProto, lookups: bool, depthwise: bool, narrow: bool, dot: bool
+        self,
+        model: onnx.ModelProto,
+        lookups: bool,
+        depthwise: bool,
+        narrow: bool,
+        dot: bool,
+        pools: bool = False,
     ) -> None:
         """Open the session on ORT's optimized form of the fused graph `model` with the
         extension's ops in it (conversion/session_graph.py); where it has nothing to replace or
-        that fails, `self.lookups`, `self.depthwise`, `self.grouped` and `self.narrow_ops` stay 0
-        and ORT's own ops run it all (the same numbers)."""
+        that fails, `self.lookups`, `self.depthwise`, `self.grouped`, `self.narrow_ops` and
+        `self.pools` stay 0 and ORT's own ops run it all (the same numbers)."""
         try:
-            graph = session_graph(model, UNFUSED, lookups, depthwise, narrow, dot)
+            graph = session_graph(model, UNFUSED, lookups, depthwise, narrow, dot, pools)
             if graph.data is not None:
                 self.lookups, self.depthwise = graph.lookups, graph.depthwise
                 self.narrow_ops, self.lookup_means = graph.narrow, graph.means
-                self.grouped = graph.grouped
+                self.grouped, self.pools = graph.grouped, graph.pools
                 self._open_session(graph.data, fused=True)
         except Exception as exc:  # noqa: BLE001  (any failure: ORT's own ops run the graph)
             self.lookups = self.depthwise = self.narrow_ops = self.lookup_means = 0
-            self.grouped = 0
+            self.grouped = self.pools = 0
             warnings.warn(
-                "torch_fl.bpu: sim: the extension's lookup / depthwise / grouped / narrow ops "
+                "torch_fl.bpu: sim: the extension's lookup / depthwise / grouped / narrow / pool ops "
                 f"could not run this partition ({type(exc).__name__}: {str(exc).strip()[:160]}); "
                 "ONNX Runtime's own ops run it (the same numbers, slower)",
                 stacklevel=3,
