@@ -97,8 +97,8 @@ def test_a_pool_with_indices_or_of_floats_stays_ort():
 
 
 def test_the_byte_type_is_found_through_what_writes_or_reads_the_tensor():
-    # x is float; a Q writes int8, a Transpose keeps it, the pool reads that; the second pool
-    # reads a tensor that only a DequantizeLinear with a uint8 zero point tells the type of
+    # x is float; a Q writes int8, a Transpose and a Concat keep it, the pool reads that; the
+    # second pool reads a tensor that only a DequantizeLinear with a uint8 zero point types
     inits = [
         numpy_helper.from_array(np.array(0.1, np.float32), "s"),
         numpy_helper.from_array(np.array(0, np.int8), "z8"),
@@ -106,7 +106,8 @@ def test_the_byte_type_is_found_through_what_writes_or_reads_the_tensor():
     ]
     nodes = [
         helper.make_node("QuantizeLinear", ["x", "s", "z8"], ["q"]),
-        helper.make_node("Transpose", ["q"], ["t"], perm=[0, 1, 3, 2]),
+        helper.make_node("Transpose", ["q"], ["t0"], perm=[0, 1, 3, 2]),
+        helper.make_node("Concat", ["t0", "q"], ["t"], axis=1),
         helper.make_node("MaxPool", ["t"], ["p"], kernel_shape=[2, 2]),
         helper.make_node("DequantizeLinear", ["p", "s", "z8"], ["f"]),
         helper.make_node("QuantizeLinear", ["f", "s", "zu"], ["u"]),

@@ -30,8 +30,8 @@ __all__ = ["OPS", "byte_type", "candidates", "rewrite_max_pools"]
 
 OPS = {TensorProto.UINT8: "MaxPoolU8", TensorProto.INT8: "MaxPoolI8"}
 _SAME_BYTES = ("MaxPool", "NhwcMaxPool", "Transpose", "Reshape", "Flatten", "Squeeze",
-               "Unsqueeze", "Identity")  # fmt: skip
-"""Ops whose output has their first input's element type."""
+               "Unsqueeze", "Identity", "Concat", "Slice", "Split", "Pad")  # fmt: skip
+"""Ops whose outputs have their first input's element type."""
 _OUTPUT_ZERO_POINT = {"QuantizeLinear": 2, "QLinearConv": 7, "QLinearAdd": 7, "QLinearMul": 7,
                       "QLinearConcat": 1, "QLinearAveragePool": 4,
                       "QLinearGlobalAveragePool": 4}  # fmt: skip
