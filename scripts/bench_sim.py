@@ -81,10 +81,13 @@ def _public_maker(name: str) -> Callable[[], torch.nn.Module] | None:
     library, _, arch = name.partition(":")
     if library not in PUBLIC or not arch:
         raise ValueError(f"{name!r}: a public network is tv:<torchvision name> or timm:<name>")
-    if library == "tv":
-        from tests.support.public_zoo import import_torchvision
+    from tests.support.public_zoo import import_torchvision
 
-        models = import_torchvision().models  # its registry: not get_model or other helpers
+    # first, also for timm: timm imports torchvision, whose own import fails here (its C ops'
+    # fake registrations), and a process that checked a timm name first crashed on it
+    vision = import_torchvision()
+    if library == "tv":
+        models = vision.models  # its registry: not get_model or other helpers
         return (lambda: models.get_model(arch)) if arch in models.list_models() else None
     import timm
 

@@ -34,3 +34,27 @@ def test_a_torchvision_network_by_name_is_built_with_settled_batch_norms():
     again, _ = bench_sim.build("tv:regnet_y_400mf", 1)  # seeded: the same weights
     first = next(model.parameters())
     assert torch.equal(first, next(again.parameters()))
+
+
+@pytest.mark.skipif(
+    not (available("torchvision") and available("timm")), reason="timm or torchvision missing"
+)
+def test_a_timm_name_checked_first_in_a_fresh_process_does_not_crash_on_torchvision():
+    # timm imports torchvision, whose own import fails on its C ops' fake registrations: the
+    # check of a timm name must import torchvision the safe way first (a run whose first name
+    # checked was a timm one crashed before)
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(bench_sim.__file__).resolve().parents[1]
+    code = (
+        "from scripts import bench_sim\n"
+        "print(bench_sim._public_maker('timm:resnet18') is not None,"
+        " bench_sim._public_maker('timm:no_such_network') is None)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split()[-2:] == ["True", "True"]
