@@ -87,6 +87,20 @@ def test_pools_the_op_does_not_compute_alike_stay_ort(attrs):
     assert [n.op_type for n in model.graph.node] == ["MaxPool"]
 
 
+def test_two_unnamed_pools_get_their_own_geometry():
+    shape = [1, 2, 8, 8]
+    nodes = [
+        helper.make_node("MaxPool", ["x"], ["a"], kernel_shape=[2, 2]),
+        helper.make_node("MaxPool", ["a"], ["y"], kernel_shape=[3, 3], strides=[2, 2]),
+    ]
+    model = conv_graph(nodes, [], shape, TensorProto.UINT8)
+    x = random_input(np.random.default_rng(0), shape, TensorProto.UINT8)
+    expected = op_session(model).run(None, {"x": x})[0]
+    assert rewrite_max_pools(model) == 2
+    assert len({i.name for i in model.graph.initializer}) == 2
+    np.testing.assert_array_equal(op_session(model).run(None, {"x": x})[0], expected)
+
+
 def test_a_pool_with_indices_or_of_floats_stays_ort():
     assert rewrite_max_pools(_float_pool_graph()) == 0
     model = conv_graph(

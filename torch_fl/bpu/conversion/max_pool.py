@@ -65,7 +65,8 @@ def rewrite_max_pools(model: onnx.ModelProto, form: int = 0) -> int:
         kind = byte_type(node.input[0], producer, readers, inits, inputs)
         if kind is None:
             continue
-        prefix = f"max_pool::{node.name or node.output[0]}"
+        # named by its output, which no other node writes (node names may repeat or be empty)
+        prefix = f"max_pool::{node.output[0]}"
         added.append(numpy_helper.from_array(np.array([*geometry, form], np.int64), prefix))
         replaced[id(node)] = [
             helper.make_node(
