@@ -104,3 +104,18 @@ def build_shared_library(source: Path, out_dir: Path, name: str, extra: list[str
         capture_output=True,
     )
     return target
+
+
+def wait_for_pid(path: Path, timeout: float) -> int:
+    """The pid a child writes to `path`, once all its digits are there: the file exists from
+    its open on and its text comes a moment later (a CI run read it empty)."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    text = ""
+    while time.monotonic() < deadline:
+        text = path.read_text() if path.exists() else ""
+        if text.strip().isdigit():
+            return int(text)
+        time.sleep(0.1)
+    raise AssertionError(f"no pid in {path} after {timeout} s (text {text!r})")

@@ -25,6 +25,7 @@ from scripts.testmatrix import runner as runner_mod
 from scripts.testmatrix.request import MatrixRun, UsageError
 from scripts.testmatrix.runner import run_matrix
 from scripts.testmatrix.schema import MatrixError, load
+from tests.support.process import wait_for_pid
 
 REPO = Path(__file__).resolve().parents[2]
 CAPS: dict[str, Any] = {"arch": "x86_64", "sshd": True, "xdist": True}
@@ -174,11 +175,7 @@ def test_interrupt_stops_the_lane_reports_and_exits_130(tmp_path: Path, sig: int
         stderr=subprocess.STDOUT,
         text=True,
     )
-    deadline = time.monotonic() + 90
-    while not (root / "pid").exists() and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert (root / "pid").exists()
-    lane_pid = int((root / "pid").read_text())
+    lane_pid = wait_for_pid(root / "pid", 90)
     proc.send_signal(sig)
     out, _ = proc.communicate(timeout=60)
     assert proc.returncode == 130, out

@@ -19,6 +19,7 @@ from scripts.tasks import matrix as matrix_tasks
 from scripts.testmatrix.request import MatrixRun
 from scripts.testmatrix.runner import run_matrix
 from scripts.testmatrix.schema import MatrixError
+from tests.support.process import wait_for_pid
 
 REPO = Path(__file__).resolve().parents[2]
 CAPS: dict[str, Any] = {"arch": "x86_64", "sshd": True, "libcupti": False, "xdist": True}
@@ -262,12 +263,7 @@ def test_stopping_the_runner_stops_the_lane(tmp_path: Path) -> None:
     runner = subprocess.Popen(
         [sys.executable, "-m", "scripts.testmatrix", "--root", str(root)], cwd=REPO
     )
-    pid_file = root / "pid"
-    deadline = time.monotonic() + 60
-    while not pid_file.exists() and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert pid_file.exists()
-    lane_pid = int(pid_file.read_text())
+    lane_pid = wait_for_pid(root / "pid", 60)
     runner.terminate()
     runner.wait(timeout=30)
     time.sleep(0.5)
