@@ -60,15 +60,6 @@ struct Geometry {
 };
 
 #if defined(TFL_X86_AVX512)
-bool have_avx512() {
-  static const bool have = [] {
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-           __builtin_cpu_supports("avx512vl");
-  }();
-  return have;
-}
-
 // in[i] - zp as floats, 16 at a time; returns how many it did (the rest: the caller's loop).
 template <class T>
 TFL_AVX512 inline int64_t widen_avx512(const T* in, int64_t count, float zp, float* dst) {
@@ -317,7 +308,7 @@ RowFn pick_row(const Geometry& g) {
 
 bool fast_form_here() {
 #if defined(TFL_X86_AVX512)
-  return have_avx512();
+  return ort::have_avx512();
 #else
   return false;
 #endif

@@ -269,10 +269,6 @@ void rows(const T* x, const int8_t* w, const int32_t* corr, const float* scale,
 // Work for one piece, in 4-input dot products: as ort_depthwise.cpp's bound (chosen, not tuned).
 constexpr int64_t kMinPieceWork = 1 << 18;
 
-Status* fail(const char* op, const std::string& what) {
-  return error(std::string("torch_fl.bpu ") + op + ": " + what);
-}
-
 Status* compute(void* kernel, KernelContext* context) {
   const TypedOp& spec = *static_cast<const TypedOp*>(kernel);
   const char* op = spec.name;

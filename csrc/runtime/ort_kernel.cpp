@@ -10,6 +10,10 @@ Status* error(const std::string& message) {
   return api_fn<Create>(slot::kCreateStatus)(kInvalidArgument, message.c_str());
 }
 
+Status* fail(const char* op, const std::string& what) {
+  return error(std::string("torch_fl.bpu ") + op + ": " + what);
+}
+
 Status* read_input(KernelContext* context, size_t index, TensorView* out, const char* op) {
   using GetInput = Status* (*)(const KernelContext*, size_t, const Value**);
   using TypeShape = Status* (*)(const Value*, TypeShapeInfo**);

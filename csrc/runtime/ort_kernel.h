@@ -24,6 +24,9 @@ Fn api_fn(int index) {
 // A status that fails the run with `message` (ONNX Runtime raises it in Python).
 Status* error(const std::string& message);
 
+// error() naming the op: "torch_fl.bpu <op>: <what>".
+Status* fail(const char* op, const std::string& what);
+
 // Calls an API function that returns a status, and returns from the caller with it on failure.
 #define TFL_ORT_TRY(expr)            \
   do {                               \

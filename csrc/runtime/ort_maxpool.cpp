@@ -37,6 +37,9 @@ using namespace torch_fl::ort;
 // Work for one piece, in bytes compared: below it a pool stays one call (ort_kernel.h).
 constexpr int64_t kMinPieceWork = 1 << 16;
 
+// Kernel sizes, strides, dilations and pads above this are refused.
+constexpr int64_t kMaxGeometry = int64_t{1} << 24;
+
 struct Pool {
   int64_t kh, kw, sh, sw, pt, pl, pb, pr, dh, dw, form;
   int64_t h, w, oh, ow;
@@ -55,37 +58,31 @@ void window_max(const T* src, int64_t n, int64_t taps, int64_t step, T* dst) {
 }
 
 #if defined(TFL_X86_AVX512)
-bool have_avx512bw() {
-  static const bool have = [] {
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw");
-  }();
-  return have;
-}
-
-#define TFL_BW __attribute__((target("avx512f,avx512bw,bmi2")))
+// the lanes of a tail of `left` < 64 bytes (< 32 words)
+inline __mmask64 byte_tail(int64_t left) { return (1ULL << left) - 1; }
+inline __mmask32 word_tail(int64_t left) { return static_cast<__mmask32>((1u << left) - 1); }
 
 template <class T>
-TFL_BW inline __m512i max64(__m512i a, __m512i b) {
+TFL_AVX512 inline __m512i max64(__m512i a, __m512i b) {
   return std::is_signed<T>::value ? _mm512_max_epi8(a, b) : _mm512_max_epu8(a, b);
 }
 
 template <class T>
-TFL_BW void max_into_avx512(T* dst, const T* src, int64_t n) {
+TFL_AVX512 void max_into_avx512(T* dst, const T* src, int64_t n) {
   int64_t i = 0;
   for (; i + 64 <= n; i += 64) {
     const __m512i a = _mm512_loadu_si512(dst + i), b = _mm512_loadu_si512(src + i);
     _mm512_storeu_si512(dst + i, max64<T>(a, b));
   }
   if (i < n) {
-    const __mmask64 m = _bzhi_u64(~0ULL, static_cast<unsigned>(n - i));
+    const __mmask64 m = byte_tail(n - i);
     const __m512i a = _mm512_maskz_loadu_epi8(m, dst + i), b = _mm512_maskz_loadu_epi8(m, src + i);
     _mm512_mask_storeu_epi8(dst + i, m, max64<T>(a, b));
   }
 }
 
 template <class T>
-TFL_BW void window_max_avx512(const T* src, int64_t n, int64_t taps, int64_t step, T* dst) {
+TFL_AVX512 void window_max_avx512(const T* src, int64_t n, int64_t taps, int64_t step, T* dst) {
   int64_t i = 0;
   for (; i + 64 <= n; i += 64) {
     __m512i m = _mm512_loadu_si512(src + i);
@@ -93,7 +90,7 @@ TFL_BW void window_max_avx512(const T* src, int64_t n, int64_t taps, int64_t ste
     _mm512_storeu_si512(dst + i, m);
   }
   if (i < n) {
-    const __mmask64 tail = _bzhi_u64(~0ULL, static_cast<unsigned>(n - i));
+    const __mmask64 tail = byte_tail(n - i);
     __m512i m = _mm512_maskz_loadu_epi8(tail, src + i);
     for (int64_t k = 1; k < taps; ++k) {
       m = max64<T>(m, _mm512_maskz_loadu_epi8(tail, src + i + k * step));
@@ -105,13 +102,13 @@ TFL_BW void window_max_avx512(const T* src, int64_t n, int64_t taps, int64_t ste
 // dst[o] = src[2 * o] for o < n: each 16-bit word's low byte (VPMOVWB), 32 outputs a step.
 // src must be readable up to 2 * n.
 template <class T>
-TFL_BW void every_second_avx512(const T* src, int64_t n, T* dst) {
+TFL_AVX512 void every_second_avx512(const T* src, int64_t n, T* dst) {
   int64_t o = 0;
   for (; o + 32 <= n; o += 32) {
     _mm512_mask_cvtepi16_storeu_epi8(dst + o, ~__mmask32{0}, _mm512_loadu_si512(src + 2 * o));
   }
   if (o < n) {
-    const __mmask32 tail = static_cast<__mmask32>(_bzhi_u32(~0u, static_cast<unsigned>(n - o)));
+    const __mmask32 tail = word_tail(n - o);
     _mm512_mask_cvtepi16_storeu_epi8(dst + o, tail, _mm512_maskz_loadu_epi16(tail, src + 2 * o));
   }
 }
@@ -174,10 +171,6 @@ void rows(const T* x, T* y, const Pool& g, bool fast, int64_t r0, int64_t r1) {
   }
 }
 
-Status* fail(const char* op, const std::string& what) {
-  return error(std::string("torch_fl.bpu ") + op + ": " + what);
-}
-
 Status* compute(void* kernel, KernelContext* context) {
   const TypedOp& spec = *static_cast<const TypedOp*>(kernel);
   const char* op = spec.name;
@@ -194,10 +187,12 @@ Status* compute(void* kernel, KernelContext* context) {
                         (spec.type == kUint8 ? "uint8" : "int8") + ", got " +
                         shape_text(x.dims) + " of ONNX element type " + std::to_string(x.type));
   }
+  // the bound keeps every size below (kernel * dilation + pads) far from int64's range
+  const bool huge = std::any_of(v, v + 10, [](int64_t value) { return value > kMaxGeometry; });
   if (g.kh < 1 || g.kw < 1 || g.sh < 1 || g.sw < 1 || g.dh < 1 || g.dw < 1 || g.pt < 0 ||
-      g.pl < 0 || g.pb < 0 || g.pr < 0 || g.form < 0 || g.form > 1) {
-    return fail(op, "geometry out of range (kernel, strides and dilations >= 1, pads >= 0, "
-                    "form 0 or 1)");
+      g.pl < 0 || g.pb < 0 || g.pr < 0 || g.form < 0 || g.form > 1 || huge) {
+    return fail(op, "geometry out of range (kernel, strides and dilations 1 to 2^24, pads 0 to "
+                    "2^24, form 0 or 1)");
   }
   g.h = x.dims[2], g.w = x.dims[3];
   if (g.h + g.pt + g.pb < (g.kh - 1) * g.dh + 1 || g.w + g.pl + g.pr < (g.kw - 1) * g.dw + 1) {
@@ -213,7 +208,7 @@ Status* compute(void* kernel, KernelContext* context) {
   }
   bool fast = false;
 #if defined(TFL_X86_AVX512)
-  fast = g.form == 0 && have_avx512bw();
+  fast = g.form == 0 && ort::have_avx512();
 #endif
   const int64_t row_work = (g.kh * g.w + g.kw * g.ow * g.sw);
   return run_typed_rows(context, spec.type, x.data, out, total_rows, row_work, kMinPieceWork,
@@ -241,7 +236,7 @@ std::vector<const ort::CustomOp*> ort::maxpool_ops() {
 
 const char* maxpool_kernel() {
 #if defined(TFL_X86_AVX512)
-  if (ort_maxpool::have_avx512bw()) return "avx512";
+  if (ort::have_avx512()) return "avx512";
 #endif
   return "portable";
 }

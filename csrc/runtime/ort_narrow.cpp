@@ -271,6 +271,8 @@ void rows(const T* x, const int8_t* w, const int32_t* corr, const float* scale,
   const bool fast = g.form == 0 && fast_form_here();
 #if defined(TFL_X86_AVX512)
   const RowFn fast_row = fast ? pick_row<T>(g) : nullptr;
+#else
+  (void)fast;  // the plain loop is the only form here
 #endif
   const int64_t band_rows = kBandBytes / std::max<int64_t>(wp * 4, 1);
   for_each_band(r0, r1, g.oh, g.kh, g.sh, g.dh, g.pt, band_rows, [&](int64_t n, int64_t oh0,
@@ -296,10 +298,6 @@ void rows(const T* x, const int8_t* w, const int32_t* corr, const float* scale,
 // tuned).
 constexpr int64_t kMinPieceWork = 1 << 18;
 
-
-Status* fail(const char* op, const std::string& what) {
-  return error(std::string("torch_fl.bpu ") + op + ": " + what);
-}
 
 Status* compute(void* kernel, KernelContext* context) {
   const TypedOp& spec = *static_cast<const TypedOp*>(kernel);

@@ -50,6 +50,16 @@ TFL_AVX512 inline void store16(__m512 acc, __m512 scale, const Requant<T>& q, __
   _mm_mask_storeu_epi8(out, mask, _mm512_cvtepi32_epi8(v));         // low byte: the 8-bit value
 }
 
+// Whether this CPU runs TFL_AVX512 code (ort_depthwise.cpp, ort_maxpool.cpp).
+inline bool have_avx512() {
+  static const bool have = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512vl");
+  }();
+  return have;
+}
+
 // The target of the AVX512-VNNI forms (ort_narrow.cpp, ort_grouped_dot.cpp), and whether this
 // CPU runs them.
 #define TFL_VNNI __attribute__((target("avx512f,avx512bw,avx512vl,fma,avx512vnni")))

@@ -178,8 +178,8 @@ class SimExecutor:
                 if not self._rewritten():
                     self._open_session(model.SerializeToString(), fused=True)
             except Exception as exc:  # noqa: BLE001  (any rejection: the float path is exact)
-                self.narrow_convs = self.lookups = self.depthwise = self.narrow_ops = 0
-                self.lookup_means = self.grouped = self.pools = 0
+                self.narrow_convs = 0
+                self._no_extension_ops()
                 why = str(exc).strip().splitlines()[0][:160] if str(exc).strip() else ""
                 self.kernels = KernelChoice(
                     "float", f"{self.kernels.path} form rejected ({type(exc).__name__}: {why})"
@@ -202,6 +202,11 @@ class SimExecutor:
             raise ArtifactError(f"sim graph inputs {sorted(missing)} match no partition input")
         self._views: tuple[tuple[int, ...], dict] = ((), {})
         self._run = self.session.run
+
+    def _no_extension_ops(self) -> None:
+        """The session runs none of the extension's ops: every count `_rewritten` adds is 0."""
+        self.lookups = self.depthwise = self.grouped = self.narrow_ops = self.pools = 0
+        self.lookup_means = 0
 
     def _rewritten(self) -> int:
         """How many of the fused graph's nodes run on the extension's ops."""
@@ -228,8 +233,7 @@ class SimExecutor:
                 self.grouped, self.pools = graph.grouped, graph.pools
                 self._open_session(graph.data, fused=True)
         except Exception as exc:  # noqa: BLE001  (any failure: ORT's own ops run the graph)
-            self.lookups = self.depthwise = self.narrow_ops = self.lookup_means = 0
-            self.grouped = self.pools = 0
+            self._no_extension_ops()
             warnings.warn(
                 "torch_fl.bpu: sim: the extension's lookup / depthwise / grouped / narrow / pool ops "
                 f"could not run this partition ({type(exc).__name__}: {str(exc).strip()[:160]}); "
