@@ -64,12 +64,53 @@ inline uint32_t with_byte(uint32_t word, int64_t ci, T v) {
   return (word & ~(0xFFu << shift)) | (uint32_t{as_unsigned(v)} << shift);
 }
 
+#if defined(TFL_X86_AVX512)
+// One NCHW input row's first pixels as band words, 16 at a time: each plane's bytes widened to
+// 32 bits and shifted into their channel's byte, over `pad` (the zero point in every byte, which
+// the channels past C keep); returns how many pixels it did (the rest: the caller's loop). The
+// SSE2 byte unpacks this replaced kept the planes in a loop over four lanes: by perf, filling
+// the band of MobileNetV3's 3x3 stem took as long as its dot products.
+template <class T, int C>
+TFL_AVX512 int64_t words_of(const T* const* plane, int64_t w, uint32_t pad, uint32_t* dst) {
+  const __m512i flip = _mm512_set1_epi32(std::is_signed<T>::value ? 0x80 : 0);
+  // the zero point in the bytes of the channels past C, the real channels' bytes cleared
+  const __m512i rest = _mm512_set1_epi32(static_cast<int>(
+      C >= kLanes ? 0u : pad & ~((1u << (8 * C)) - 1u)));
+  int64_t iw = 0;
+  for (; iw + 16 <= w; iw += 16) {
+    __m512i word = rest;
+#pragma GCC unroll 4
+    for (int ci = 0; ci < C; ++ci) {
+      const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(plane[ci] + iw));
+      const __m512i v = _mm512_xor_si512(_mm512_cvtepu8_epi32(bytes), flip);  // int8: + 128
+      word = _mm512_or_si512(word, _mm512_slli_epi32(v, 8 * ci));
+    }
+    _mm512_storeu_si512(dst + iw, word);
+  }
+  return iw;
+}
+
+template <class T>
+int64_t words_avx512(const T* const* plane, int64_t c, int64_t w, uint32_t pad, uint32_t* dst) {
+  switch (c) {
+    case 1:
+      return words_of<T, 1>(plane, w, pad, dst);
+    case 2:
+      return words_of<T, 2>(plane, w, pad, dst);
+    case 3:
+      return words_of<T, 3>(plane, w, pad, dst);
+    default:
+      return words_of<T, 4>(plane, w, pad, dst);
+  }
+}
+#endif
+
 // Input rows [ih0, ih0 + rows) of batch item `n` as 32-bit words of 4 channel bytes, in a band
 // of rows of `wp` = W + pads pixels; padding (and rows outside the input) read the zero point.
 // Channels past C read the zero point too (their weights are zero).
 template <class T>
 void fill_band(const T* x, const Geometry& g, int64_t n, int64_t ih0, int64_t rows,
-               uint32_t* band) {
+               [[maybe_unused]] bool fast, uint32_t* band) {
   const int64_t wp = g.w + g.pl + g.pr;
   const uint32_t zp = static_cast<uint32_t>(unsigned_zp<T>(g.zp_x));
   const uint32_t pad = zp * 0x01010101u;
@@ -101,24 +142,8 @@ void fill_band(const T* x, const Geometry& g, int64_t n, int64_t ih0, int64_t ro
     }
     int64_t iw = 0;
 #if defined(TFL_X86_AVX512)
-    // 16 pixels at a time: the planes' bytes interleaved into words (SSE2, on every x86-64)
-    const __m128i flip = _mm_set1_epi8(std::is_signed<T>::value ? static_cast<char>(0x80) : 0);
-    const __m128i zv = _mm_set1_epi8(static_cast<char>(zp));
-    for (; iw + 16 <= g.w; iw += 16) {
-      __m128i p[kLanes];
-      for (int ci = 0; ci < kLanes; ++ci) {
-        p[ci] = ci < g.c ? _mm_xor_si128(_mm_loadu_si128(
-                                             reinterpret_cast<const __m128i*>(plane[ci] + iw)),
-                                         flip)
-                         : zv;
-      }
-      const __m128i lo01 = _mm_unpacklo_epi8(p[0], p[1]), hi01 = _mm_unpackhi_epi8(p[0], p[1]);
-      const __m128i lo23 = _mm_unpacklo_epi8(p[2], p[3]), hi23 = _mm_unpackhi_epi8(p[2], p[3]);
-      __m128i* o = reinterpret_cast<__m128i*>(dst + iw);
-      _mm_storeu_si128(o + 0, _mm_unpacklo_epi16(lo01, lo23));
-      _mm_storeu_si128(o + 1, _mm_unpackhi_epi16(lo01, lo23));
-      _mm_storeu_si128(o + 2, _mm_unpacklo_epi16(hi01, hi23));
-      _mm_storeu_si128(o + 3, _mm_unpackhi_epi16(hi01, hi23));
+    if (fast) {
+      iw = words_avx512<T>(plane, g.c, g.w, pad, dst);
     }
 #endif
     for (; iw < g.w; ++iw) {
@@ -159,31 +184,34 @@ void row_portable(const uint32_t* band, const int8_t* w, const int32_t* corr,
 #if defined(TFL_X86_AVX512)
 // P output pixels from `ow`, NB blocks of 16 output channels: per tap, each pixel's input word
 // broadcast once and each block's weights loaded once (P x NB accumulators).
-template <class T, int NB, int P>
+template <class T, int NB, int SW, int P>
 TFL_VNNI inline void tile(const uint32_t* band, int64_t wp, const int8_t* w, const __m512i* corr,
                           const __m512* scale, const Requant<T>& q, const Geometry& g,
                           int64_t ow, T* out) {
+  // the geometry read once: byte stores may alias it, and the compiler would reload it after each
+  const int64_t sw = SW > 0 ? SW : g.sw, kh = g.kh, kw = g.kw, dh = g.dh, dw = g.dw;
+  const int64_t co = g.co, taps_stride = g.co16 * kLanes;
   __m512i acc[P][NB];
-#pragma GCC unroll 8
+#pragma GCC unroll 16
   for (int o = 0; o < P; ++o) {
 #pragma GCC unroll 4
     for (int b = 0; b < NB; ++b) {
       acc[o][b] = corr[b];
     }
   }
-  for (int64_t i = 0; i < g.kh; ++i) {
-    const int32_t* row = reinterpret_cast<const int32_t*>(band + (i * g.dh) * wp + ow * g.sw);
-    for (int64_t j = 0; j < g.kw; ++j) {
-      const int8_t* wt = w + (i * g.kw + j) * g.co16 * kLanes;
+  for (int64_t i = 0; i < kh; ++i) {
+    const int32_t* row = reinterpret_cast<const int32_t*>(band + (i * dh) * wp + ow * sw);
+    for (int64_t j = 0; j < kw; ++j) {
+      const int8_t* wt = w + (i * kw + j) * taps_stride;
       __m512i wv[NB];
 #pragma GCC unroll 4
       for (int b = 0; b < NB; ++b) {
         wv[b] = _mm512_loadu_si512(wt + b * 16 * kLanes);
       }
-      const int32_t* px = row + j * g.dw;
-#pragma GCC unroll 8
+      const int32_t* px = row + j * dw;
+#pragma GCC unroll 16
       for (int o = 0; o < P; ++o) {
-        const __m512i x = _mm512_set1_epi32(px[o * g.sw]);
+        const __m512i x = _mm512_set1_epi32(px[o * sw]);
 #pragma GCC unroll 4
         for (int b = 0; b < NB; ++b) {
           acc[o][b] = _mm512_dpbusd_epi32(acc[o][b], x, wv[b]);
@@ -191,30 +219,31 @@ TFL_VNNI inline void tile(const uint32_t* band, int64_t wp, const int8_t* w, con
       }
     }
   }
-#pragma GCC unroll 8
+#pragma GCC unroll 16
   for (int o = 0; o < P; ++o) {
 #pragma GCC unroll 4
     for (int b = 0; b < NB; ++b) {
-      store16(_mm512_cvtepi32_ps(acc[o][b]), scale[b], q, tail_mask(g.co - 16 * b),
-              out + (ow + o) * g.co + 16 * b);
+      store16(_mm512_cvtepi32_ps(acc[o][b]), scale[b], q, tail_mask(co - 16 * b),
+              out + (ow + o) * co + 16 * b);
     }
   }
 }
 
 // One output row: tiles of P pixels, then of P / 2, ... 1.
-template <class T, int NB, int P>
+template <class T, int NB, int SW, int P>
 TFL_VNNI void tiles(const uint32_t* band, int64_t wp, const int8_t* w, const __m512i* corr,
                     const __m512* scale, const Requant<T>& q, const Geometry& g, int64_t ow,
                     T* out) {
-  for (; ow + P <= g.ow; ow += P) {
-    tile<T, NB, P>(band, wp, w, corr, scale, q, g, ow, out);
+  const int64_t end = g.ow;
+  for (; ow + P <= end; ow += P) {
+    tile<T, NB, SW, P>(band, wp, w, corr, scale, q, g, ow, out);
   }
   if constexpr (P > 1) {
-    tiles<T, NB, P / 2>(band, wp, w, corr, scale, q, g, ow, out);
+    tiles<T, NB, SW, P / 2>(band, wp, w, corr, scale, q, g, ow, out);
   }
 }
 
-template <class T, int NB>
+template <class T, int NB, int SW>
 TFL_VNNI void row_vnni(const uint32_t* band, const int8_t* w, const int32_t* corr,
                        const float* scale, const Geometry& g, T* out) {
   __m512i cv[NB];
@@ -226,24 +255,31 @@ TFL_VNNI void row_vnni(const uint32_t* band, const int8_t* w, const int32_t* cor
   }
   const Requant<T> q(g.zp_y);
   // 8 accumulators for one block, 8 for two, 12 for three and 16 for four, of 32 registers
-  constexpr int P = NB == 1 ? 8 : NB == 2 ? 4 : 4;
-  tiles<T, NB, P>(band, g.w + g.pl + g.pr, w, cv, sv, q, g, 0, out);
+  // (8 pixels for two blocks measured 4 % slower on a 3 -> 32 stem, 16 for one block 27 %)
+  constexpr int P = NB == 1 ? 8 : 4;
+  tiles<T, NB, SW, P>(band, g.w + g.pl + g.pr, w, cv, sv, q, g, 0, out);
 }
 
 using RowFn = void (*)(const uint32_t*, const int8_t*, const int32_t*, const float*,
                        const Geometry&, void*);
 
-template <class T, int NB>
+template <class T, int NB, int SW>
 void row_entry(const uint32_t* band, const int8_t* w, const int32_t* corr, const float* scale,
                const Geometry& g, void* out) {
-  row_vnni<T, NB>(band, w, corr, scale, g, static_cast<T*>(out));
+  row_vnni<T, NB, SW>(band, w, corr, scale, g, static_cast<T*>(out));
 }
+
+// By the block count and the column stride: 1 and 2 (an image stem's) with the stride a
+// constant, so that a tile's broadcasts are loads at fixed offsets; any other stride read at run
+// time (SW = 0).
+template <class T, int SW>
+constexpr RowFn kRows[4] = {row_entry<T, 1, SW>, row_entry<T, 2, SW>, row_entry<T, 3, SW>,
+                            row_entry<T, 4, SW>};
 
 template <class T>
 RowFn pick_row(const Geometry& g) {
-  static const RowFn table[4] = {row_entry<T, 1>, row_entry<T, 2>, row_entry<T, 3>,
-                                 row_entry<T, 4>};
-  return table[g.co16 / 16 - 1];
+  const int64_t block = g.co16 / 16 - 1;
+  return g.sw == 1 ? kRows<T, 1>[block] : g.sw == 2 ? kRows<T, 2>[block] : kRows<T, 0>[block];
 }
 #endif
 
@@ -279,7 +315,7 @@ void rows(const T* x, const int8_t* w, const int32_t* corr, const float* scale,
                                                                      int64_t oh1, int64_t ih0,
                                                                      int64_t span) {
     band.resize(static_cast<size_t>(span * wp));
-    fill_band(x, g, n, ih0, span, band.data());
+    fill_band(x, g, n, ih0, span, fast, band.data());
     for (int64_t oh = oh0; oh < oh1; ++oh) {
       const uint32_t* start = band.data() + (oh - oh0) * g.sh * wp;
       T* out = y + ((n * g.oh + oh) * g.ow) * g.co;
