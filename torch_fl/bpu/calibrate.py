@@ -8,6 +8,7 @@ failure, a new batch size) or a new process using the same cache finds them agai
 from __future__ import annotations
 
 import inspect
+import warnings
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -31,6 +32,13 @@ class _Session:
         self.observers: dict[int, tuple[runtime.PartitionRuntime, RangeObserver]] = {}
         self.keys: dict[int, stored.Keys] = {}
         self.counts: dict[int, int] = {}
+        self.sample = 0
+        """The index of the sample running now (in a replay, of the earlier sample run again)."""
+        self.first: dict[int, int] = {}
+        """Per partition, the sample it first ran on: after 0, a recompile during calibration
+        made it (a model whose first call changes its own state: LeViT's attention-bias cache)."""
+        self.only: frozenset[int] | None = None
+        """In a replay, the partitions that record; the others run without recording."""
 
     def observe(self, part: runtime.PartitionRuntime, args) -> tuple | None:
         """Record one call of `part`; its float outputs (on the inputs' device), or None where
@@ -43,8 +51,11 @@ class _Session:
             observer = part.range_observer(host, self.method, self.percentile)
             self.observers[id(part)] = (part, observer)
             self.keys[id(part)] = part.calibration_keys(host)
-        outs = part.observe_inputs(self.observers[id(part)][1], host)
-        self.counts[id(part)] = self.counts.get(id(part), 0) + 1
+            self.first[id(part)] = self.sample
+        record = self.only is None or id(part) in self.only
+        outs = part.observe_inputs(self.observers[id(part)][1], host, record=record)
+        if record:
+            self.counts[id(part)] = self.counts.get(id(part), 0) + 1
         if outs is None or device is None:
             return outs
         return tuple(to_device(o, device) for o in outs)
@@ -166,6 +177,7 @@ def _run_samples(
     try:
         with torch.no_grad(), Heartbeat("calibrate", total=total) as beat:
             for sample in samples:
+                session.sample = count
                 _call(compiled_model, sample, positional)
                 count += 1
                 beat.update(done=count)
@@ -175,9 +187,56 @@ def _run_samples(
                     and _replay(session, digest, session.method, session.percentile)
                 ):
                     return count, True
+            _run_missed(compiled_model, samples, session, positional)
     finally:
         runtime.CALIBRATION.reset(token)
     return count, False
+
+
+REPLAY_ROUNDS = 2
+"""How many times the samples a late partition missed are run again (a replay may recompile
+once more)."""
+
+
+def _run_missed(
+    compiled_model: Any, samples: Iterable[Any], session: _Session, positional: int | None
+) -> None:
+    """The samples each partition missed, run again with only those partitions recording.
+
+    A partition that first ran after sample 0 comes from a recompile during calibration: the
+    model's first call changed its own state (a cache that Dynamo guards on), and the new graph's
+    partitions saw only the later samples; with one sample, none. A list or tuple of samples is
+    run again up to the last one they missed; other iterables (a generator, a DataLoader) cannot
+    be, and a warning names the partitions and what they saw."""
+    replayed: set[int] = set()
+    for _ in range(REPLAY_ROUNDS):
+        late = {i: f for i, f in session.first.items() if f > 0 and i not in replayed}
+        if not late:
+            return
+        if not isinstance(samples, Sequence):
+            _warn_late(session, late)
+            return
+        replayed.update(late)
+        session.only = frozenset(late)
+        try:
+            for index in range(max(late.values())):
+                session.sample = index
+                _call(compiled_model, samples[index], positional)
+        finally:
+            session.only = None
+
+
+def _warn_late(session: _Session, late: dict[int, int]) -> None:
+    names = ", ".join(
+        f"partition {session.observers[i][0].spec.index} (from sample {f + 1})"
+        for i, f in sorted(late.items(), key=lambda kv: kv[1])
+    )
+    warnings.warn(
+        f"calibrate: the model recompiled during calibration and {names} saw only the samples "
+        "after it; pass the samples as a list (they are then run again for it), or call the "
+        "model once before calibrate()",
+        stacklevel=4,
+    )
 
 
 def _collect(

@@ -206,6 +206,13 @@ class RangeObserver:
         self.observed = True
         return [fetched[name] for name in self.output_names]
 
+    def outputs(self, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
+        """The float graph's outputs for one sample, nothing recorded."""
+        fetched = self.session.run(
+            self.output_names, dict(zip(self.input_names, inputs, strict=False))
+        )
+        return list(fetched)
+
     def run(self, feed: dict) -> dict[str, np.ndarray]:
         """The float graph's outputs and activations for `feed`, by name, from one run."""
         return dict(zip(self.fetch, self.session.run(self.fetch, feed), strict=True))

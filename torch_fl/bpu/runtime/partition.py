@@ -228,12 +228,14 @@ class PartitionRuntime(torch.nn.Module):
         return RangeObserver(export_float(self.spec, host), method, percentile)
 
     def observe_inputs(
-        self, observer: RangeObserver, host: Sequence[torch.Tensor]
+        self, observer: RangeObserver, host: Sequence[torch.Tensor], record: bool = True
     ) -> tuple[torch.Tensor, ...] | None:
         """Feed `observer` one call's runtime inputs (the frozen weights are in its graph); the
         float outputs that run computed, as this partition returns them, or None where they do
-        not match its outputs' shapes (the caller then runs the partition itself)."""
-        outs = observer.observe([host[i].detach().numpy() for i in self.spec.runtime_positions])
+        not match its outputs' shapes (the caller then runs the partition itself). With `record`
+        False the float graph runs and nothing is recorded (a replay for another partition)."""
+        inputs = [host[i].detach().numpy() for i in self.spec.runtime_positions]
+        outs = observer.observe(inputs) if record else observer.outputs(inputs)
         shapes = self.entry.outputs
         if len(outs) != len(shapes) or any(
             shape is not None and tuple(o.shape) != tuple(shape)
