@@ -182,6 +182,44 @@ __attribute__((target("avx512f"))) void lookup_byte_pairs_avx512(const uint8_t* 
   }
 }
 
+// y[i] = table[256 * a_i + b_i] over n outputs, where one operand runs along (`run`, n bytes)
+// and the other repeats with period `period` (`rep`: its byte i % period), the high byte of the
+// index where `rep_high`: sixteen at a time, the repeated bytes read from a copy of its row
+// extended by 16 so that any 16 in a row are contiguous.
+__attribute__((target("avx512f"))) void lookup_byte_pairs_repeating_avx512(
+    const uint8_t* table, const uint8_t* run, const uint8_t* pattern, size_t period,
+    bool rep_high, uint8_t* y, size_t n) {
+  const __m512i last_safe = _mm512_set1_epi32(65536 - 4);
+  const int hi_shift = 8;
+  size_t i = 0, r = 0;  // r = i % period
+  for (; i + 16 <= n; i += 16) {
+    const __m512i x =
+        _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(run + i)));
+    const __m512i p =
+        _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(pattern + r)));
+    const __m512i idx = rep_high ? _mm512_or_si512(_mm512_slli_epi32(p, hi_shift), x)
+                                 : _mm512_or_si512(_mm512_slli_epi32(x, hi_shift), p);
+    const __mmask16 safe = _mm512_cmple_epi32_mask(idx, last_safe);
+    const __m512i words =
+        _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), safe, idx, table, 1);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(y + i), _mm512_cvtepi32_epi8(words));
+    for (unsigned rest = static_cast<unsigned>(~safe) & 0xFFFFu; rest; rest &= rest - 1) {
+      const unsigned j = static_cast<unsigned>(__builtin_ctz(rest));
+      const size_t hi = rep_high ? pattern[r + j] : run[i + j];
+      const size_t lo = rep_high ? run[i + j] : pattern[r + j];
+      y[i + j] = table[256 * hi + lo];
+    }
+    for (r += 16; r >= period;) {  // no division: one subtraction from 16 channels up
+      r -= period;
+    }
+  }
+  for (; i < n; ++i, r = r + 1 == period ? 0 : r + 1) {
+    const size_t hi = rep_high ? pattern[r] : run[i];
+    const size_t lo = rep_high ? run[i] : pattern[r];
+    y[i] = table[256 * hi + lo];
+  }
+}
+
 bool have_avx512f() {
   static const bool have = [] {
     __builtin_cpu_init();
@@ -234,6 +272,28 @@ void lookup_byte_pairs(const uint8_t* table, const uint8_t* a, const uint8_t* b,
 #endif
   for (size_t i = 0; i < n; ++i) {
     y[i] = table[256 * static_cast<size_t>(a[i]) + b[i]];
+  }
+}
+
+void lookup_byte_pairs_repeating(const uint8_t* table, const uint8_t* run, const uint8_t* rep,
+                                 size_t period, bool rep_high, uint8_t* y, size_t n) {
+  // the repeated row, extended by 16 bytes (its start again) for the vector form's loads
+  thread_local std::vector<uint8_t> pattern;
+  pattern.resize(period + 16);
+  std::memcpy(pattern.data(), rep, period);
+  for (size_t k = period; k < period + 16; ++k) {
+    pattern[k] = pattern[k - period];
+  }
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+  if (have_avx512f()) {
+    lookup_byte_pairs_repeating_avx512(table, run, pattern.data(), period, rep_high, y, n);
+    return;
+  }
+#endif
+  for (size_t i = 0, r = 0; i < n; ++i, r = r + 1 == period ? 0 : r + 1) {
+    const size_t hi = rep_high ? pattern[r] : run[i];
+    const size_t lo = rep_high ? run[i] : pattern[r];
+    y[i] = table[256 * hi + lo];
   }
 }
 
@@ -355,6 +415,45 @@ void lookup_pairs(const uint8_t* table, const uint8_t* a, const uint8_t* b, uint
     ob += index[k] * bc.stride_b[k];
   }
   uint8_t* y = out + row_begin * inner + j0;
+  // advance the outer index one row, keeping the operands' offsets in step
+  const auto next_row = [&] {
+    for (size_t k = rank - 1; k-- > 0;) {
+      ++index[k];
+      oa += bc.stride_a[k];
+      ob += bc.stride_b[k];
+      if (index[k] < bc.extent[k]) {
+        break;
+      }
+      oa -= bc.stride_a[k] * bc.extent[k];
+      ob -= bc.stride_b[k] * bc.extent[k];
+      index[k] = 0;
+    }
+  };
+  // A per-channel operand over NHWC pixels: both run along whole rows, one of them the same row
+  // again for each row of an image (stride 0 on the row axis) while the other continues where
+  // the last row ended. The rows of such a run are one long lookup (lookup_byte_pairs_repeating)
+  // rather than a call and a gather or two per row: MobileNetV3's first squeeze-excitation
+  // scale, 16 channels over 56 x 56 pixels, is 3136 rows of 16.
+  if (rank >= 2 && ia == 1 && ib == 1 && j0 == 0 && j1 == inner) {
+    const int64_t ra = bc.stride_a[rank - 2], rb = bc.stride_b[rank - 2];
+    const bool a_repeats = ra == 0 && rb == inner, b_repeats = rb == 0 && ra == inner;
+    if (a_repeats || b_repeats) {
+      for (int64_t row = row_begin; row < row_end;) {
+        // the rows left before the row index wraps (a new image: the repeated row changes)
+        const int64_t run =
+            std::min(row_end - row, bc.extent[rank - 2] - index[rank - 2]);
+        const size_t count = static_cast<size_t>(run * inner);
+        lookup_byte_pairs_repeating(table, a_repeats ? b + ob : a + oa, a_repeats ? a + oa : b + ob,
+                                    static_cast<size_t>(inner), a_repeats, y, count);
+        y += run * inner;
+        row += run;
+        for (int64_t k = 0; k < run; ++k) {
+          next_row();
+        }
+      }
+      return;
+    }
+  }
   for (int64_t row = row_begin; row < row_end; ++row, y += inner) {
     const uint8_t* pa = a + oa + j0 * ia;
     const uint8_t* pb = b + ob + j0 * ib;
@@ -370,18 +469,7 @@ void lookup_pairs(const uint8_t* table, const uint8_t* a, const uint8_t* b, uint
         y[j] = table[256 * static_cast<size_t>(pa[j * ia]) + pb[j * ib]];
       }
     }
-    // advance the outer index, keeping the operands' offsets in step
-    for (size_t k = rank - 1; k-- > 0;) {
-      ++index[k];
-      oa += bc.stride_a[k];
-      ob += bc.stride_b[k];
-      if (index[k] < bc.extent[k]) {
-        break;
-      }
-      oa -= bc.stride_a[k] * bc.extent[k];
-      ob -= bc.stride_b[k] * bc.extent[k];
-      index[k] = 0;
-    }
+    next_row();
   }
 }
 

@@ -419,6 +419,11 @@ PAIR_SHAPES = [
     ([3, 200003], [3, 1]),  # rows longer than a piece, the second operand fixed per row
     ([3, 1], [3, 200003]),
     ([64, 1, 4099], [1, 37, 1]),  # neither runs along the other's rows
+    # per-channel in NHWC, rows run as one: the scale first (the table's rows), channels under
+    # 16 (the repeated row read across its end), an odd count, pixels split over pieces
+    ([3, 1, 1, 40], [3, 9, 7, 40]),
+    ([2, 61, 67, 5], [2, 1, 1, 5]),
+    ([1, 1, 1, 13], [1, 150, 130, 13]),
 ]
 
 
