@@ -28,6 +28,24 @@
 namespace torch_fl {
 namespace ort_lookup {
 
+// ONNX Runtime's QuantizeLinear as a product pair's last step (Lookup2Mul, below): the value
+// divided by `scale` (multiplied, where `divide` is false), clamped to [lo, hi] less the zero
+// point, rounded to nearest even, plus the zero point.
+struct ProductQuant {
+  float scale;
+  bool divide;
+  int zp, lo, hi;
+};
+
+// A two-input table that is a product: table[a * 256 + b] == Q(a_floats[a] * b_floats[b])
+// for every pair (conversion/lookups.py writes the op only where that holds, checked on all
+// 65536 in the kernel's own arithmetic).
+struct Product {
+  const float* a_floats;
+  const float* b_floats;
+  ProductQuant quant;
+};
+
 void lookup_portable(const uint8_t* table, const uint8_t* x, uint8_t* y, size_t n) {
   size_t i = 0;
   for (; i + 8 <= n; i += 8) {  // eight independent loads in flight
@@ -102,7 +120,7 @@ TFL_VBMI inline void make_planes(const float* table, FloatPlanes* p) {
 }
 
 // The table's floats for 64 indices, as four vectors of 16 (their bit patterns).
-TFL_VBMI inline void lookup64(const FloatPlanes& p, __m512i idx, __m512i (&q)[4]) {
+TFL_VBMI __attribute__((always_inline)) inline void lookup64(const FloatPlanes& p, __m512i idx, __m512i (&q)[4]) {
   const __mmask64 high = _mm512_movepi8_mask(idx);
   __m512i v[4];
   for (int b = 0; b < 4; ++b) {
@@ -127,6 +145,41 @@ TFL_VBMI void lookup_floats_vbmi(const float* table, const uint8_t* x, float* y,
     for (int k = 0; k < 4; ++k) {
       const __mmask16 out = static_cast<__mmask16>(in >> (16 * k));
       _mm512_mask_storeu_epi32(y + i + 16 * k, out, q[k]);
+    }
+  }
+}
+
+// A product pair (Lookup2MulU8 / I8, ort_lookup.h) over NHWC pixels: y = Q(t[x] * f), `x` the
+// running operand's bytes, `t` its float table, `f` the repeated operand's floats (`pattern`:
+// its row of `period` values, extended by 64); Q divides by `scale` (or multiplies, `divide`
+// false), clamps to [lo, hi] less the zero point, rounds to nearest even and adds it, as ONNX
+// Runtime's QuantizeLinear. 64 outputs a step, each from two table registers' lookups rather
+// than a gather from the 64 KB table.
+TFL_VBMI void product_repeating_vbmi(const float* table, const uint8_t* x, const float* pattern,
+                                     size_t period, const ProductQuant& q, uint8_t* y,
+                                     size_t n) {
+  FloatPlanes p;
+  make_planes(table, &p);
+  const __m512 s = _mm512_set1_ps(q.scale);
+  const __m512 lo = _mm512_set1_ps(static_cast<float>(q.lo - q.zp));
+  const __m512 hi = _mm512_set1_ps(static_cast<float>(q.hi - q.zp));
+  const __m512i zp = _mm512_set1_epi32(q.zp);
+  size_t r = 0;  // i % period
+  for (size_t i = 0; i < n; i += 64) {
+    const __mmask64 in = first_bytes(n - i);
+    __m512i v[4];
+    lookup64(p, _mm512_maskz_loadu_epi8(in, x + i), v);
+    for (int k = 0; k < 4; ++k) {
+      __m512 f = _mm512_mul_ps(_mm512_castsi512_ps(v[k]), _mm512_loadu_ps(pattern + r + 16 * k));
+      f = q.divide ? _mm512_div_ps(f, s) : _mm512_mul_ps(f, s);
+      f = _mm512_min_ps(_mm512_max_ps(f, lo), hi);
+      const __m512i b = _mm512_add_epi32(_mm512_cvtps_epi32(f), zp);  // nearest even (MXCSR)
+      // a 512-bit masked store of the 16 bytes (AVX512BW; the 128-bit one needs AVX512VL)
+      _mm512_mask_storeu_epi8(y + i + 16 * k, (in >> (16 * k)) & 0xFFFFu,
+                              _mm512_castsi128_si512(_mm512_cvtepi32_epi8(b)));
+    }
+    for (r += 64; r >= period;) {
+      r -= period;
     }
   }
 }
@@ -297,6 +350,31 @@ void lookup_byte_pairs_repeating(const uint8_t* table, const uint8_t* run, const
   }
 }
 
+bool product_pairs_repeating(const Product& p, const uint8_t* run, const uint8_t* rep,
+                             size_t period, bool rep_is_a, uint8_t* y, size_t n) {
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+  if (!have_vbmi()) {
+    return false;
+  }
+  // the repeated operand's floats, its row extended by 64 for the 64-wide steps
+  const float* rep_table = rep_is_a ? p.a_floats : p.b_floats;
+  thread_local std::vector<float> pattern;
+  pattern.resize(period + 64);
+  for (size_t k = 0; k < period; ++k) {
+    pattern[k] = rep_table[rep[k]];
+  }
+  for (size_t k = period; k < period + 64; ++k) {
+    pattern[k] = pattern[k - period];
+  }
+  product_repeating_vbmi(rep_is_a ? p.b_floats : p.a_floats, run, pattern.data(), period, p.quant,
+                         y, n);
+  return true;
+#else
+  (void)p, (void)run, (void)rep, (void)period, (void)rep_is_a, (void)y, (void)n;
+  return false;  // the table's lookup runs it
+#endif
+}
+
 void mean_floats_portable(const float* table, const uint8_t* x, size_t rows, size_t cols,
                           size_t stride, float* y) {
   for (size_t k = 0; k < cols; ++k) {
@@ -400,7 +478,7 @@ bool broadcast(const std::vector<int64_t>& a, const std::vector<int64_t>& b, Bro
 // coalesced dim), columns [j0, j1) of each: one piece of the work (run_pieces below).
 void lookup_pairs(const uint8_t* table, const uint8_t* a, const uint8_t* b, uint8_t* out,
                   const Broadcast& bc, int64_t row_begin, int64_t row_end, int64_t j0,
-                  int64_t j1) {
+                  int64_t j1, const Product* product) {
   const size_t rank = bc.extent.size();
   const int64_t inner = bc.extent[rank - 1];
   const int64_t ia = bc.stride_a[rank - 1], ib = bc.stride_b[rank - 1];
@@ -443,13 +521,21 @@ void lookup_pairs(const uint8_t* table, const uint8_t* a, const uint8_t* b, uint
         const int64_t run =
             std::min(row_end - row, bc.extent[rank - 2] - index[rank - 2]);
         const size_t count = static_cast<size_t>(run * inner);
-        lookup_byte_pairs_repeating(table, a_repeats ? b + ob : a + oa, a_repeats ? a + oa : b + ob,
-                                    static_cast<size_t>(inner), a_repeats, y, count);
+        const uint8_t* running = a_repeats ? b + ob : a + oa;
+        const uint8_t* repeated = a_repeats ? a + oa : b + ob;
+        if (product == nullptr || !product_pairs_repeating(*product, running, repeated,
+                                                           static_cast<size_t>(inner), a_repeats,
+                                                           y, count)) {
+          lookup_byte_pairs_repeating(table, running, repeated, static_cast<size_t>(inner),
+                                      a_repeats, y, count);
+        }
         y += run * inner;
         row += run;
-        for (int64_t k = 0; k < run; ++k) {
-          next_row();
-        }
+        // on by the run's rows: to its last row (within the row axis), then one step that carries
+        index[rank - 2] += run - 1;
+        oa += (run - 1) * ra;
+        ob += (run - 1) * rb;
+        next_row();
       }
       return;
     }
@@ -478,8 +564,36 @@ struct OpSpec {
   CustomOp op;  // first: ONNX Runtime passes back &op, which is also &spec
   const char* name;
   int out_type;
-  int arity;  // byte inputs after the table: 1 or 2
+  int arity;     // byte inputs after the table: 1 or 2
+  bool product;  // Lookup2Mul: the two inputs' float tables and the quantization follow
 };
+
+// A Lookup2Mul's inputs 3 to 5: a_floats [256], b_floats [256] and [scale, zero point, divide
+// (1) or multiply (0)], checked.
+Status* read_product(KernelContext* context, const OpSpec& spec, Product* p) {
+  TensorView fa, fb, q;
+  TFL_ORT_TRY(read_input(context, 3, &fa, spec.name));
+  TFL_ORT_TRY(read_input(context, 4, &fb, spec.name));
+  TFL_ORT_TRY(read_input(context, 5, &q, spec.name));
+  if (fa.type != kFloat || fa.count != 256 || fb.type != kFloat || fb.count != 256 ||
+      q.type != kFloat || q.count != 3) {
+    return error(std::string("torch_fl.bpu ") + spec.name +
+                 ": inputs 3 to 5 must be 256 floats, 256 floats and 3 floats (scale, zero "
+                 "point, divide)");
+  }
+  const float* qv = static_cast<const float*>(q.data);
+  const int lo = spec.out_type == kInt8 ? -128 : 0, hi = spec.out_type == kInt8 ? 127 : 255;
+  if (!(qv[0] > 0.0f) || !(qv[1] >= static_cast<float>(lo) && qv[1] <= static_cast<float>(hi)) ||
+      qv[1] != static_cast<float>(static_cast<int>(qv[1])) || !(qv[2] == 0.0f || qv[2] == 1.0f)) {
+    return error(std::string("torch_fl.bpu ") + spec.name +
+                 ": the quantization must be a positive scale, an integer zero point in the "
+                 "output type's range and a divide flag of 0 or 1");
+  }
+  p->a_floats = static_cast<const float*>(fa.data);
+  p->b_floats = static_cast<const float*>(fb.data);
+  p->quant = ProductQuant{qv[0], qv[2] == 1.0f, static_cast<int>(qv[1]), lo, hi};
+  return nullptr;
+}
 
 Status* compute(void* kernel, KernelContext* context) {
   const OpSpec& spec = *static_cast<const OpSpec*>(kernel);
@@ -541,6 +655,10 @@ Status* compute(void* kernel, KernelContext* context) {
   }
   int64_t total = 1;
   for (int64_t d : bc.out_dims) total *= d;
+  Product product{};
+  if (spec.product) {
+    TFL_ORT_TRY(read_product(context, spec, &product));
+  }
   const Pieces pieces(total, bc.extent.back(), kMinPiece);
   const uint8_t* a = static_cast<const uint8_t*>(x.data);
   const uint8_t* b = static_cast<const uint8_t*>(z.data);
@@ -548,7 +666,7 @@ Status* compute(void* kernel, KernelContext* context) {
   return run_pieces(context, pieces, [&](int64_t i) {
     int64_t r0, r1, j0, j1;
     pieces.at(i, &r0, &r1, &j0, &j1);
-    lookup_pairs(tab, a, b, y, bc, r0, r1, j0, j1);
+    lookup_pairs(tab, a, b, y, bc, r0, r1, j0, j1, spec.product ? &product : nullptr);
   });
 }
 
@@ -557,16 +675,19 @@ const OpSpec& spec_of(const CustomOp* op) {
 }
 
 const char* name(const CustomOp* op) { return spec_of(op).name; }
-// input 0 the table (of the output type); the rest any type, checked to be 8-bit when run
+// input 0 the table (of the output type); the byte inputs any type, checked to be 8-bit when
+// run; a Lookup2Mul's float tables and quantization after them
 int input_type(const CustomOp* op, size_t index) {
-  return index == 0 ? spec_of(op).out_type : kUndefined;
+  return index == 0 ? spec_of(op).out_type : index <= 2 ? kUndefined : kFloat;
 }
-size_t input_count(const CustomOp* op) { return 1 + static_cast<size_t>(spec_of(op).arity); }
+size_t input_count(const CustomOp* op) {
+  return 1 + static_cast<size_t>(spec_of(op).arity) + (spec_of(op).product ? 3 : 0);
+}
 int output_type(const CustomOp* op, size_t) { return spec_of(op).out_type; }
 
-constexpr OpSpec make_spec(const char* op_name, int out_type, int arity) {
+constexpr OpSpec make_spec(const char* op_name, int out_type, int arity, bool product = false) {
   return OpSpec{custom_op(name, input_type, input_count, output_type, compute), op_name, out_type,
-                arity};
+                arity, product};
 }
 
 OpSpec g_ops[] = {
@@ -574,6 +695,8 @@ OpSpec g_ops[] = {
     make_spec("LookupI8", kInt8, 1),
     make_spec("Lookup2U8", kUint8, 2),
     make_spec("Lookup2I8", kInt8, 2),
+    make_spec("Lookup2MulU8", kUint8, 2, true),
+    make_spec("Lookup2MulI8", kInt8, 2, true),
     make_spec("LookupF32", kFloat, 1),
 };
 

@@ -154,7 +154,8 @@ def test_a_per_channel_scale_is_a_two_input_table_over_the_broadcast(first):
     fused, count = _fused(model)
     assert count == 1
     (node,) = fused.graph.node
-    assert node.op_type == "Lookup2U8" and list(node.input[1:]) == ["s", "x"]  # smaller first
+    # a product of one float per byte of each (conversion/pair_product.py), the smaller first
+    assert node.op_type == "Lookup2MulU8" and list(node.input[1:3]) == ["s", "x"]
     feed = {"x": _bytes([2, 6, 9, 11], U8, 2), "s": _bytes([2, 6, 1, 1], U8, 3)}
     np.testing.assert_array_equal(_run(fused, feed, True), _run(model, feed, False))
 
@@ -510,7 +511,7 @@ def test_on_this_cpu_the_lookup_ops_load_and_give_the_float_ops_numbers():
     model = _model(gate, [("x", U8, [2, 6, 9, 11], 0.04, 128), ("s", I8, [2, 6, 1, 1], 0.1, 3)])
     model = _with_float_reader(model, helper.make_node("ReduceMean", ["h"], ["m"], axes=[1]))
     fused, count = _fused(model)
-    assert {n.op_type for n in fused.graph.node} >= {"Lookup2U8", "LookupF32"}
+    assert {n.op_type for n in fused.graph.node} >= {"Lookup2MulU8", "LookupF32"}
     _same_outputs(
         fused, model, {"x": _bytes([2, 6, 9, 11], U8, 2), "s": _bytes([2, 6, 1, 1], I8, 3)}
     )

@@ -43,6 +43,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from torch_fl.bpu.conversion.export import constant_names
+from torch_fl.bpu.conversion.pair_product import Product, fit
 from torch_fl.bpu.conversion.qlinear_conv import drop_unread
 
 DOMAIN = "torch_fl.bpu"
@@ -89,6 +90,8 @@ _OPS = {  # (output element type, inputs) -> op name
     (TensorProto.INT8, 2): "Lookup2I8",
 }
 _NUMPY = {TensorProto.UINT8: np.uint8, TensorProto.INT8: np.int8}
+# a two-input table that is a product of two float tables (conversion/pair_product.py)
+_PRODUCT_OPS = {TensorProto.UINT8: "Lookup2MulU8", TensorProto.INT8: "Lookup2MulI8"}
 
 
 @dataclass(frozen=True)
@@ -334,7 +337,54 @@ def table_model(graph: _Graph, chain: _Chain) -> tuple[onnx.ModelProto, list[np.
     return model, feeds
 
 
-def compute_table(model: onnx.ModelProto, feeds: list[np.ndarray]) -> np.ndarray:
+def _product(
+    graph: _Graph,
+    chain: _Chain,
+    model: onnx.ModelProto,
+    feeds: list[np.ndarray],
+    table: np.ndarray,
+) -> Product | None:
+    """The product form of a two-input byte chain's `table` (conversion/pair_product.py), where
+    the chain ends in a Mul of two tensors, each a function of one input, and a quantize."""
+    if len(chain.leaves) != 2 or chain.quantize is None:
+        return None
+    mul = graph.producer.get(chain.quantize.input[0])
+    if mul is None or mul.op_type != "Mul" or mul.domain not in ("", "ai.onnx"):
+        return None
+    factors = [n for n in mul.input if n]
+    if len(factors) != 2 or any(n in graph.constant_names for n in factors):
+        return None
+    scale = graph.value(chain.quantize.input[1])
+    zero = graph.value(chain.quantize.input[2]) if len(chain.quantize.input) > 2 else None
+    if scale is None or (
+        len(chain.quantize.input) > 2 and chain.quantize.input[2] and zero is None
+    ):
+        return None
+    # a factor that is a dequantize is the chain's leaf of the same input in the table model
+    for k, name in enumerate(factors):
+        producer = graph.producer.get(name)
+        if producer is not None and producer.op_type == "DequantizeLinear":
+            key = graph.input_key(producer)
+            factors[k] = next(
+                (leaf.output[0] for leaf in chain.leaves if graph.input_key(leaf) == key), name
+            )
+    if not set(factors) <= {o for n in model.graph.node for o in n.output}:
+        return None  # a factor reshaped on the way (the table model has no shape ops)
+    # the table model again, its outputs the Mul's two inputs
+    branches = onnx.ModelProto()
+    branches.CopyFrom(model)
+    del branches.graph.output[:]
+    branches.graph.output.extend(
+        helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in factors
+    )
+    first, second = compute_table(branches, feeds, outputs=2)
+    zp = int(zero) if zero is not None else 0
+    return fit(first, second, table, float(scale), zp, table.dtype == np.int8)
+
+
+def compute_table(
+    model: onnx.ModelProto, feeds: list[np.ndarray], outputs: int = 1
+) -> np.ndarray | list[np.ndarray]:
     """Run a chain's table model as the float path runs it (Q/DQ as float rounding steps)."""
     import onnxruntime as ort
 
@@ -344,7 +394,8 @@ def compute_table(model: onnx.ModelProto, feeds: list[np.ndarray]) -> np.ndarray
     options.add_session_config_entry("session.disable_quant_qdq", "1")
     session = ort.InferenceSession(model.SerializeToString(), options, ["CPUExecutionProvider"])
     names = [i.name for i in session.get_inputs()]
-    return session.run(None, dict(zip(names, feeds, strict=True)))[0]
+    results = session.run(None, dict(zip(names, feeds, strict=True)))
+    return results[0] if outputs == 1 else results[:outputs]
 
 
 def ort_optimized(model: onnx.ModelProto, disabled: Sequence[str] = ()) -> onnx.ModelProto:
@@ -462,11 +513,21 @@ def _replace(model: onnx.ModelProto, find) -> int:
         chain = find(graph, node)
         if chain is None:
             continue
-        table = compute_table(*table_model(graph, chain))
+        model_and_feeds = table_model(graph, chain)
+        table = compute_table(*model_and_feeds)
+        extra: list[str] = []
         if chain.quantize is not None:
             out_type = _byte_type(graph, chain.quantize)
             table = table.astype(_NUMPY[out_type])
             op = _OPS[(out_type, len(chain.leaves))]
+            product = _product(graph, chain, *model_and_feeds, table)
+            if product is not None:
+                op = _PRODUCT_OPS[out_type]
+                arrays = (product.a_floats, product.b_floats, product.quant)
+                extra = [f"lookup_product::{chain.end}/{p}" for p in ("a", "b", "quant")]
+                tables += [
+                    numpy_helper.from_array(a, n) for a, n in zip(arrays, extra, strict=True)
+                ]
         else:
             table, op = table.astype(np.float32), "LookupF32"
         name = f"lookup_table::{chain.end}"
@@ -475,7 +536,7 @@ def _replace(model: onnx.ModelProto, find) -> int:
         looked_up = f"{chain.end}::looked_up" if shape_ops else chain.end
         lookup = helper.make_node(
             op,
-            [name, *(leaf.input[0] for leaf in chain.leaves)],
+            [name, *(leaf.input[0] for leaf in chain.leaves), *extra],
             [looked_up],
             name=f"lookup::{chain.end}",
             domain=DOMAIN,
