@@ -25,6 +25,7 @@ from torch_fl.bpu.errors import CalibrationError
 FORMAT_VERSION = 1
 HEALTH_SAMPLES = 16  # calibration samples kept per partition to measure int8 against float
 HEALTH_BYTES = 256 << 20  # ... and at most this many bytes of them (big batches keep fewer)
+HEALTH_RUN_BYTES = 256 << 20  # the float runs of kept samples held for the health check, at most
 HEALTH_COSINE = 0.99  # below this output cosine vs float, calibration warns
 RESERVOIR = 1 << 18  # |x| values kept per tensor for the percentile / kl / mse / auto methods
 
@@ -181,28 +182,66 @@ class RangeObserver:
         # report judge every part of it, not its first samples), kept to measure the int8 graph
         # against the float one once the scales are known
         self.kept_inputs: list[list[np.ndarray]] = []
+        # the float run of each kept sample (its outputs and activations), while they fit in
+        # HEALTH_RUN_BYTES: the health check reads them instead of running the float graph on
+        # the sample again (None: not held, run again). ResNet-18's calibrate() on 32 samples
+        # ran the float graph 48 times before (32 observed, 16 again for the health check).
+        self.kept_runs: list[dict[str, np.ndarray] | None] = []
+        self._run_bytes = 0
         self.seen = 0
         self._pick = np.random.default_rng(0)  # deterministic: the same samples, the same choice
 
-    def _keep(self, inputs: Sequence[np.ndarray]) -> None:
+    def _keep(self, inputs: Sequence[np.ndarray]) -> int | None:
+        """Keep `inputs` (reservoir sampling); the slot they went to, or None."""
         size = sum(int(np.asarray(a).nbytes) for a in inputs)
         capacity = max(1, min(HEALTH_SAMPLES, HEALTH_BYTES // max(size, 1)))
         self.seen += 1
         if len(self.kept_inputs) < capacity:
             self.kept_inputs.append([np.array(a, copy=True) for a in inputs])
-            return
+            self.kept_runs.append(None)
+            return len(self.kept_inputs) - 1
         slot = int(self._pick.integers(0, self.seen))
         if slot < capacity:
             self.kept_inputs[slot] = [np.array(a, copy=True) for a in inputs]
+            self._hold_run(slot, None)
+            return slot
+        return None
+
+    def _hold_run(self, slot: int, fetched: dict[str, np.ndarray] | None) -> None:
+        old = self.kept_runs[slot]
+        if old is not None:
+            self._run_bytes -= sum(int(v.nbytes) for v in old.values())
+        self.kept_runs[slot] = None
+        if fetched is None:
+            return
+        size = sum(int(np.asarray(v).nbytes) for v in fetched.values())
+        if self._run_bytes + size > HEALTH_RUN_BYTES:
+            return
+        # the outputs are handed on to the model, which may write to them: a copy is held
+        held = {
+            k: np.array(v, copy=True) if k in self.output_names else v for k, v in fetched.items()
+        }
+        self.kept_runs[slot] = held
+        self._run_bytes += size
+
+    def kept_run(self, index: int) -> dict[str, np.ndarray]:
+        """The float run (outputs and every activation) of kept sample `index`: held from its
+        observation, or run again."""
+        held = self.kept_runs[index] if index < len(self.kept_runs) else None
+        if held is not None:
+            return held
+        return self.run(dict(zip(self.input_names, self.kept_inputs[index], strict=False)))
 
     def observe(self, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
         """Record one sample's activations; returns the float graph's outputs for it (the same
         run computed them: calibration hands them on instead of running the partition again)."""
-        self._keep(inputs)
+        slot = self._keep(inputs)
         feed = dict(zip(self.input_names, inputs, strict=False))
         fetched = self.run(feed)
         for name in self.names:
             self.values[name].add(fetched[name])
+        if slot is not None:
+            self._hold_run(slot, fetched)
         self.observed = True
         return [fetched[name] for name in self.output_names]
 
@@ -264,9 +303,9 @@ def _health_stats(
     out_names = observer.output_names
     worst_cos = 1.0
     per_tensor: dict[str, list[float]] = {n: [0.0, 0.0, 0.0, 0.0] for n in observer.names}
-    for inputs in observer.kept_inputs:
+    for index, inputs in enumerate(observer.kept_inputs):
         feed = dict(zip(observer.input_names, inputs, strict=False))
-        fetched = observer.run(feed)  # the outputs and every activation, one float run
+        fetched = observer.kept_run(index)  # the outputs and every activation, one float run
         got = int8_session.run(out_names, feed)
         for name, b in zip(out_names, got, strict=True):
             worst_cos = min(worst_cos, _cosine(np.asarray(fetched[name]), np.asarray(b)))
