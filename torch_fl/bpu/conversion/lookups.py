@@ -378,8 +378,10 @@ def _product(
         helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in factors
     )
     first, second = compute_table(branches, feeds, outputs=2)
-    zp = int(zero) if zero is not None else 0
-    return fit(first, second, table, float(scale), zp, table.dtype == np.int8)
+    # scalars, or one-element tensors (byte_tensor_params takes either)
+    zp = int(np.asarray(zero).reshape(-1)[0]) if zero is not None else 0
+    s = float(np.asarray(scale).reshape(-1)[0])
+    return fit(first, second, table, s, zp, table.dtype == np.int8)
 
 
 def compute_table(
