@@ -277,11 +277,12 @@ def _fused_counts(runtime, threads: int, tmp: Path) -> dict:
     grouped = getattr(runtime._exec, "grouped", 0)
     narrow = getattr(runtime._exec, "narrow_ops", 0)
     pools = getattr(runtime._exec, "pools", 0)
+    concats = getattr(runtime._exec, "concats", 0)
     graph = _integer_graph(runtime)
     convs = bool(depthwise or grouped)  # one setting moves both (sim_depthwise)
     dot = convs and narrow_kernel() == "vnni"
     rewritten = session_graph(
-        graph, UNFUSED, bool(lookups), convs, bool(narrow), dot, bool(pools)
+        graph, UNFUSED, bool(lookups or concats), convs, bool(narrow), dot, bool(pools)
     ).data
     if rewritten is not None:  # the executor's own graph: ORT's optimized form with our ops
         nodes = onnx.load_from_string(rewritten).graph.node
@@ -296,6 +297,7 @@ def _fused_counts(runtime, threads: int, tmp: Path) -> dict:
         "depthwise": depthwise,
         "grouped": grouped,
         "pools": pools,
+        "concats": concats,
         "narrow_ops": narrow,
         "fused_integer_nodes": sum(v for k, v in ops.items() if k in FUSED),
         "float_qdq_nodes": ops["QuantizeLinear"] + ops["DequantizeLinear"],

@@ -60,6 +60,7 @@ constexpr int kGetDimensionsCount = 61;
 constexpr int kGetDimensions = 62;
 constexpr int kGetTensorShapeElementCount = 64;
 constexpr int kGetTensorTypeAndShape = 65;
+constexpr int kKernelContextGetInputCount = 88;  // (context, size_t* count)
 constexpr int kKernelContextGetInput = 90;
 constexpr int kKernelContextGetOutput = 91;
 constexpr int kReleaseTensorTypeAndShapeInfo = 99;

@@ -225,5 +225,6 @@ std::vector<const CustomOp*> narrow_ops();     // ort_narrow.cpp
 std::vector<const CustomOp*> mean_ops();       // ort_mean.cpp
 std::vector<const CustomOp*> grouped_dot_ops();  // ort_grouped_dot.cpp
 std::vector<const CustomOp*> maxpool_ops();      // ort_maxpool.cpp
+std::vector<const CustomOp*> concat_ops();       // ort_concat.cpp
 
 }  // namespace torch_fl::ort

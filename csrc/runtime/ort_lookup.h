@@ -12,6 +12,11 @@ namespace torch_fl {
 void lookup_bytes(const uint8_t* table, const uint8_t* x, uint8_t* y, size_t n,
                   bool portable = false);
 
+// lookup_bytes over `rows` rows of `n` bytes: y[r * y_stride + i] = table[x[r * x_stride + i]]
+// (a concat's input into its slice of the output: ort_concat.cpp).
+void lookup_byte_rows(const uint8_t* table, const uint8_t* x, size_t x_stride, uint8_t* y,
+                      size_t y_stride, size_t n, size_t rows, bool portable = false);
+
 // y[i] = table[x[i]] for i < n, a table of 256 floats; `portable` as for lookup_bytes.
 void lookup_floats(const float* table, const uint8_t* x, float* y, size_t n,
                    bool portable = false);

@@ -197,6 +197,9 @@ class Report:
              "(conversion/grouped_conv.py)"),
             ("pools", "sim max pools", "channels-first 8-bit max pool{s} on the extension's "
              "op, bit-equal to ONNX Runtime's (conversion/max_pool.py)"),
+            ("concats", "sim concats", "8-bit concat{s} on the extension's op, the byte lookups "
+             "feeding each folded into its requantization, bit-equal to ONNX Runtime's "
+             "(conversion/concat_lookup.py)"),
             ("narrow_ops", "sim narrow convs", "narrow int8 conv{s} on the extension's VNNI "
              "kernel, bit-equal to ONNX Runtime's (conversion/narrow_op.py)"),
             ("lookup_means", "sim lookup means", "float lookup{s} and the ReduceMean over each as "

@@ -413,8 +413,10 @@ class BpuSettings:
         "tensors (hardswish, SiLU, GELU, a squeeze-excitation scale) as one table lookup over "
         "its input bytes: the table is the chain's own float result for every "
         "input, so the numbers are the float path's (conversion/lookups.py); a float lookup "
-        "and the ReduceMean over it as one op (conversion/lookup_mean.py). False: ONNX "
-        "Runtime's dequantize, float kernels and quantize.",
+        "and the ReduceMean over it as one op (conversion/lookup_mean.py); an 8-bit concat "
+        "with the lookups that feed it as one pass of per-input tables "
+        "(conversion/concat_lookup.py). False: ONNX Runtime's dequantize, float kernels and "
+        "quantize, and its QLinearConcat.",
         "FLAGOS_BPU_SIM_LOOKUPS",
     )
     sim_depthwise: bool = _option(

@@ -1,6 +1,7 @@
 """The graph a fused sim session opens: ONNX Runtime's own optimized form of the integer graph,
 with the extension's ops in it (conversion/lookups.py and lookup_mean.py, conversion/depthwise.py,
-conversion/grouped_conv.py, conversion/narrow_op.py, conversion/max_pool.py).
+conversion/grouped_conv.py, conversion/narrow_op.py, conversion/max_pool.py,
+conversion/concat_lookup.py).
 
 The rewrites work on ORT's optimized form rather than on the graph it receives: there the
 integer convs already run channels-last with the transposes between them cancelled, and an op
@@ -18,6 +19,8 @@ from dataclasses import dataclass
 
 import onnx
 
+from torch_fl.bpu.conversion.concat_lookup import candidates as concat_candidates
+from torch_fl.bpu.conversion.concat_lookup import rewrite_concats
 from torch_fl.bpu.conversion.depthwise import candidates, rewrite_depthwise
 from torch_fl.bpu.conversion.grouped_conv import candidates as grouped_candidates
 from torch_fl.bpu.conversion.grouped_conv import rewrite_grouped
@@ -49,6 +52,9 @@ class SessionGraph:
     op."""
     pools: int = 0
     """Channels-first 8-bit max pools now the extension's MaxPool op."""
+    concats: int = 0
+    """8-bit concats now the extension's ConcatLookup op (the byte lookups only they read
+    folded in: among `lookups`)."""
 
 
 def session_graph(
@@ -66,13 +72,16 @@ def session_graph(
     grouped convs of narrow groups as GroupedConv where `depthwise` (the float ops' AVX-512
     form), as GroupedDotConv where `dot` (AVX512-VNNI) and that op takes them, its convs over
     few input channels as NarrowConv where `narrow`, its channels-first 8-bit max pools as
-    MaxPool where `pools`. No ORT pass is spent where no rewrite has anything to replace."""
+    MaxPool where `pools`, and its 8-bit concats as ConcatLookup where `lookups`. No ORT pass is
+    spent where no rewrite has anything to replace."""
     want_lookups = lookups and has_chains(model)
     want_depthwise = depthwise and candidates(model) > 0
     want_grouped = (depthwise or dot) and grouped_candidates(model) > 0
     want_narrow = narrow and narrow_candidates(model) > 0
     want_pools = pools and pool_candidates(model) > 0
-    if not (want_lookups or want_depthwise or want_grouped or want_narrow or want_pools):
+    want_concats = lookups and concat_candidates(model) > 0
+    wanted = (want_lookups, want_depthwise, want_grouped, want_narrow, want_pools, want_concats)
+    if not any(wanted):
         return SessionGraph(None, 0, 0)
     optimized = ort_optimized(model, disabled)
     n_lookups = fuse_lookups(optimized) if want_lookups else 0
@@ -81,6 +90,10 @@ def session_graph(
     n_grouped = rewrite_grouped(optimized, dot=dot, floats=depthwise) if want_grouped else 0
     n_narrow = rewrite_narrow(optimized) if want_narrow else 0
     n_pools = rewrite_max_pools(optimized) if want_pools else 0
-    changed = n_lookups or n_depthwise or n_grouped or n_narrow or n_pools
+    # last: a concat folds in the lookups above that feed it
+    n_concats = rewrite_concats(optimized)[0] if want_concats else 0
+    changed = n_lookups or n_depthwise or n_grouped or n_narrow or n_pools or n_concats
     data = optimized.SerializeToString() if changed else None
-    return SessionGraph(data, n_lookups, n_depthwise, n_narrow, n_means, n_grouped, n_pools)
+    return SessionGraph(
+        data, n_lookups, n_depthwise, n_narrow, n_means, n_grouped, n_pools, n_concats
+    )

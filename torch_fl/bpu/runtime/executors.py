@@ -151,6 +151,8 @@ class SimExecutor:
         """How many grouped int8 convs of narrow groups the session runs on the extension's op."""
         self.pools = 0
         """How many channels-first 8-bit max pools the session runs on the extension's op."""
+        self.concats = 0
+        """How many 8-bit concats the session runs on the extension's op."""
         self.narrow_ops = 0
         """How many narrow int8 convs the session runs on the extension's op."""
         self.lookup_means = 0
@@ -206,11 +208,14 @@ class SimExecutor:
     def _no_extension_ops(self) -> None:
         """The session runs none of the extension's ops: every count `_rewritten` adds is 0."""
         self.lookups = self.depthwise = self.grouped = self.narrow_ops = self.pools = 0
-        self.lookup_means = 0
+        self.lookup_means = self.concats = 0
 
     def _rewritten(self) -> int:
         """How many of the fused graph's nodes run on the extension's ops."""
-        return self.lookups + self.depthwise + self.grouped + self.narrow_ops + self.pools
+        return (
+            self.lookups + self.depthwise + self.grouped + self.narrow_ops + self.pools
+            + self.concats
+        )  # fmt: skip
 
     def _open_rewritten(
         self,
@@ -223,20 +228,22 @@ class SimExecutor:
     ) -> None:
         """Open the session on ORT's optimized form of the fused graph `model` with the
         extension's ops in it (conversion/session_graph.py); where it has nothing to replace or
-        that fails, `self.lookups`, `self.depthwise`, `self.grouped`, `self.narrow_ops` and
-        `self.pools` stay 0 and ORT's own ops run it all (the same numbers)."""
+        that fails, `self.lookups`, `self.depthwise`, `self.grouped`, `self.narrow_ops`,
+        `self.pools` and `self.concats` stay 0 and ORT's own ops run it all (the same numbers)."""
         try:
             graph = session_graph(model, UNFUSED, lookups, depthwise, narrow, dot, pools)
             if graph.data is not None:
                 self.lookups, self.depthwise = graph.lookups, graph.depthwise
                 self.narrow_ops, self.lookup_means = graph.narrow, graph.means
                 self.grouped, self.pools = graph.grouped, graph.pools
+                self.concats = graph.concats
                 self._open_session(graph.data, fused=True)
         except Exception as exc:  # noqa: BLE001  (any failure: ORT's own ops run the graph)
             self._no_extension_ops()
             warnings.warn(
-                "torch_fl.bpu: sim: the extension's lookup / depthwise / grouped / narrow / pool ops "
-                f"could not run this partition ({type(exc).__name__}: {str(exc).strip()[:160]}); "
+                "torch_fl.bpu: sim: the extension's lookup / depthwise / grouped / narrow / pool / "
+                "concat ops could not run this partition "
+                f"({type(exc).__name__}: {str(exc).strip()[:160]}); "
                 "ONNX Runtime's own ops run it (the same numbers, slower)",
                 stacklevel=3,
             )

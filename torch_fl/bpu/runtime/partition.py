@@ -487,6 +487,7 @@ class PartitionRuntime(torch.nn.Module):
                 "depthwise": getattr(inner, "depthwise", 0),
                 "grouped": getattr(inner, "grouped", 0),
                 "pools": getattr(inner, "pools", 0),
+                "concats": getattr(inner, "concats", 0),
                 "narrow_ops": getattr(inner, "narrow_ops", 0),
                 "lookup_means": getattr(inner, "lookup_means", 0),
             }
