@@ -152,6 +152,7 @@ TFL_VBMI __attribute__((always_inline)) inline void lookup64(const FloatPlanes& 
   idx = _mm512_permutexvar_epi8(_mm512_load_si512(kJoinOrder), idx);
   const __mmask64 high = _mm512_movepi8_mask(idx);
   __m512i v[4];
+#pragma GCC unroll 4
   for (int b = 0; b < 4; ++b) {
     v[b] = _mm512_mask_blend_epi8(high, _mm512_permutex2var_epi8(p.t[b][0], idx, p.t[b][1]),
                                   _mm512_permutex2var_epi8(p.t[b][2], idx, p.t[b][3]));
@@ -173,6 +174,7 @@ TFL_VBMI void lookup_floats_vbmi(const float* table, const uint8_t* x, float* y,
     const __mmask64 in = first_bytes(n - i);
     __m512i q[4];
     lookup64(p, _mm512_maskz_loadu_epi8(in, x + i), q);
+#pragma GCC unroll 4
     for (int k = 0; k < 4; ++k) {
       const __mmask16 out = static_cast<__mmask16>(in >> (16 * k));
       _mm512_mask_storeu_epi32(y + i + 16 * k, out, q[k]);
@@ -182,10 +184,13 @@ TFL_VBMI void lookup_floats_vbmi(const float* table, const uint8_t* x, float* y,
 
 // A product pair (Lookup2MulU8 / I8, ort_lookup.h) over NHWC pixels: y = Q(t[x] * f), `x` the
 // running operand's bytes, `t` its float table, `f` the repeated operand's floats (`pattern`:
-// its row of `period` values, extended by 64); Q divides by `scale` (or multiplies, `divide`
+// its row of `period` values, extended by 64); Q divides by `scale` (or multiplies, `Divide`
 // false), clamps to [lo, hi] less the zero point, rounds to nearest even and adds it, as ONNX
 // Runtime's QuantizeLinear. 64 outputs a step, each from two table registers' lookups rather
-// than a gather from the 64 KB table.
+// than a gather from the 64 KB table. The step is unrolled and the form a template argument:
+// compiled as a loop over 16 outputs, with the form read from memory in it, its vectors went
+// through the stack.
+template <bool Divide>
 TFL_VBMI void product_repeating_vbmi(const float* table, const uint8_t* x, const float* pattern,
                                      size_t period, const ProductQuant& q, uint8_t* y,
                                      size_t n) {
@@ -200,9 +205,10 @@ TFL_VBMI void product_repeating_vbmi(const float* table, const uint8_t* x, const
     const __mmask64 in = first_bytes(n - i);
     __m512i v[4];
     lookup64(p, _mm512_maskz_loadu_epi8(in, x + i), v);
+#pragma GCC unroll 4
     for (int k = 0; k < 4; ++k) {
       __m512 f = _mm512_mul_ps(_mm512_castsi512_ps(v[k]), _mm512_loadu_ps(pattern + r + 16 * k));
-      f = q.divide ? _mm512_div_ps(f, s) : _mm512_mul_ps(f, s);
+      f = Divide ? _mm512_div_ps(f, s) : _mm512_mul_ps(f, s);
       f = _mm512_min_ps(_mm512_max_ps(f, lo), hi);
       const __m512i b = _mm512_add_epi32(_mm512_cvtps_epi32(f), zp);  // nearest even (MXCSR)
       // a 512-bit masked store of the 16 bytes (AVX512BW; the 128-bit one needs AVX512VL)
@@ -226,11 +232,14 @@ TFL_VBMI void mean_floats_vbmi(const float* table, const uint8_t* x, size_t rows
     __m512 acc[4];
     __m512i q[4];
     lookup64(p, _mm512_maskz_loadu_epi8(in, x + c), q);
+#pragma GCC unroll 4
     for (int k = 0; k < 4; ++k) acc[k] = _mm512_castsi512_ps(q[k]);
     for (size_t r = 1; r < rows; ++r) {
       lookup64(p, _mm512_maskz_loadu_epi8(in, x + r * stride + c), q);
+#pragma GCC unroll 4
       for (int k = 0; k < 4; ++k) acc[k] = _mm512_add_ps(acc[k], _mm512_castsi512_ps(q[k]));
     }
+#pragma GCC unroll 4
     for (int k = 0; k < 4; ++k) {
       const __mmask16 out = static_cast<__mmask16>(in >> (16 * k));
       _mm512_mask_storeu_ps(y + c + 16 * k, out, _mm512_div_ps(acc[k], div));
@@ -397,8 +406,8 @@ bool product_pairs_repeating(const Product& p, const uint8_t* run, const uint8_t
   for (size_t k = period; k < period + 64; ++k) {
     pattern[k] = pattern[k - period];
   }
-  product_repeating_vbmi(rep_is_a ? p.b_floats : p.a_floats, run, pattern.data(), period, p.quant,
-                         y, n);
+  const auto kernel = p.quant.divide ? product_repeating_vbmi<true> : product_repeating_vbmi<false>;
+  kernel(rep_is_a ? p.b_floats : p.a_floats, run, pattern.data(), period, p.quant, y, n);
   return true;
 #else
   (void)p, (void)run, (void)rep, (void)period, (void)rep_is_a, (void)y, (void)n;
