@@ -190,7 +190,7 @@ TFL_VBMI void lookup_floats_vbmi(const float* table, const uint8_t* x, float* y,
 // than a gather from the 64 KB table. The step is unrolled and the form a template argument:
 // compiled as a loop over 16 outputs, with the form read from memory in it, its vectors went
 // through the stack.
-template <bool Divide>
+template <bool Divide, bool Signed>
 TFL_VBMI void product_repeating_vbmi(const float* table, const uint8_t* x, const float* pattern,
                                      size_t period, const ProductQuant& q, uint8_t* y,
                                      size_t n) {
@@ -200,21 +200,25 @@ TFL_VBMI void product_repeating_vbmi(const float* table, const uint8_t* x, const
   const __m512 lo = _mm512_set1_ps(static_cast<float>(q.lo - q.zp));
   const __m512 hi = _mm512_set1_ps(static_cast<float>(q.hi - q.zp));
   const __m512i zp = _mm512_set1_epi32(q.zp);
+  // packing 4 x 16 words leaves each 128-bit lane with 4 of each vector: this puts them back
+  const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
   size_t r = 0;  // i % period
   for (size_t i = 0; i < n; i += 64) {
     const __mmask64 in = first_bytes(n - i);
-    __m512i v[4];
+    __m512i v[4], b[4];
     lookup64(p, _mm512_maskz_loadu_epi8(in, x + i), v);
 #pragma GCC unroll 4
     for (int k = 0; k < 4; ++k) {
       __m512 f = _mm512_mul_ps(_mm512_castsi512_ps(v[k]), _mm512_loadu_ps(pattern + r + 16 * k));
       f = Divide ? _mm512_div_ps(f, s) : _mm512_mul_ps(f, s);
       f = _mm512_min_ps(_mm512_max_ps(f, lo), hi);
-      const __m512i b = _mm512_add_epi32(_mm512_cvtps_epi32(f), zp);  // nearest even (MXCSR)
-      // a 512-bit masked store of the 16 bytes (AVX512BW; the 128-bit one needs AVX512VL)
-      _mm512_mask_storeu_epi8(y + i + 16 * k, (in >> (16 * k)) & 0xFFFFu,
-                              _mm512_castsi128_si512(_mm512_cvtepi32_epi8(b)));
+      b[k] = _mm512_add_epi32(_mm512_cvtps_epi32(f), zp);  // nearest even (MXCSR)
     }
+    // each value is in the output type's range already: the saturating packs keep it, and one
+    // 64-byte store takes the place of four masked 16-byte ones
+    const __m512i w01 = _mm512_packs_epi32(b[0], b[1]), w23 = _mm512_packs_epi32(b[2], b[3]);
+    const __m512i bytes = Signed ? _mm512_packs_epi16(w01, w23) : _mm512_packus_epi16(w01, w23);
+    _mm512_mask_storeu_epi8(y + i, in, _mm512_permutexvar_epi32(order, bytes));
     for (r += 64; r >= period;) {
       r -= period;
     }
@@ -406,7 +410,11 @@ bool product_pairs_repeating(const Product& p, const uint8_t* run, const uint8_t
   for (size_t k = period; k < period + 64; ++k) {
     pattern[k] = pattern[k - period];
   }
-  const auto kernel = p.quant.divide ? product_repeating_vbmi<true> : product_repeating_vbmi<false>;
+  const ProductQuant& q = p.quant;  // lo < 0: an int8 output
+  const auto kernel = q.lo < 0 ? (q.divide ? product_repeating_vbmi<true, true>
+                                           : product_repeating_vbmi<false, true>)
+                               : (q.divide ? product_repeating_vbmi<true, false>
+                                           : product_repeating_vbmi<false, false>);
   kernel(rep_is_a ? p.b_floats : p.a_floats, run, pattern.data(), period, p.quant, y, n);
   return true;
 #else
