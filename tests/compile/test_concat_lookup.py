@@ -153,10 +153,29 @@ def test_tables_are_what_ort_writes_for_every_byte():
     np.testing.assert_array_equal(table[1], every)  # alike: the identity
 
 
-def test_candidates_count_the_integer_graphs_concats():
-    model = _concat_graph([[1, 2], [1, 3]], 1)
-    model.graph.node[-1].op_type = "Concat"  # the integer graph's form, before ORT's fusion
-    assert candidates(model) == 1
+def test_candidates_count_the_integer_graphs_concats_of_dequantized_tensors():
+    # before ORT's fusion: DequantizeLinear -> Concat -> QuantizeLinear is a candidate; a
+    # concat of a float graph input with a dequantized tensor (a class token) is not
+    inits = [
+        numpy_helper.from_array(np.array(0.1, np.float32), "s"),
+        numpy_helper.from_array(np.array(128, np.uint8), "z"),
+    ]
+    nodes = [
+        helper.make_node("DequantizeLinear", ["a", "s", "z"], ["fa"]),
+        helper.make_node("DequantizeLinear", ["b", "s", "z"], ["fb"]),
+        helper.make_node("Concat", ["fa", "fb"], ["joined"], axis=1),
+        helper.make_node("QuantizeLinear", ["joined", "s", "z"], ["q"]),
+        helper.make_node("Concat", ["token", "fa"], ["y"], axis=1),
+    ]
+    graph = helper.make_graph(
+        nodes, "integer",
+        [helper.make_tensor_value_info("a", TensorProto.UINT8, [1, 2]),
+         helper.make_tensor_value_info("b", TensorProto.UINT8, [1, 3]),
+         helper.make_tensor_value_info("token", TensorProto.FLOAT, [1, 1])],
+        [helper.make_tensor_value_info("q", TensorProto.UINT8, None),
+         helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits,
+    )  # fmt: skip
+    assert candidates(helper.make_model(graph)) == 1
 
 
 def _op_graph(tables: np.ndarray, geometry: list[int], shapes, kind=TensorProto.UINT8):

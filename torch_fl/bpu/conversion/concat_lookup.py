@@ -36,9 +36,18 @@ _NUMPY = {TensorProto.UINT8: np.uint8, TensorProto.INT8: np.int8}
 
 
 def candidates(model: onnx.ModelProto) -> int:
-    """How many Concat nodes the integer graph `model` (before ORT's optimizer) has;
-    `rewrite_concats` decides each on ORT's optimized graph."""
-    return sum(node.op_type == "Concat" for node in model.graph.node)
+    """How many Concat nodes of the integer graph `model` (before ORT's optimizer) join only
+    dequantized tensors, the form ORT fuses into a QLinearConcat; `rewrite_concats` decides each
+    on ORT's optimized graph. (A concat of float or shape tensors alone, as a ViT's class token
+    makes, is no reason to spend an ORT optimization pass.)"""
+    producer = {o: n for n in model.graph.node for o in n.output}
+    return sum(
+        node.op_type == "Concat"
+        and all(
+            name in producer and producer[name].op_type == "DequantizeLinear" for name in node.input
+        )
+        for node in model.graph.node
+    )
 
 
 def rewrite_concats(model: onnx.ModelProto, form: int = 0) -> tuple[int, int]:
