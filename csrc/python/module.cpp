@@ -241,6 +241,28 @@ PYBIND11_MODULE(_C, m) {
         return py::bytes(out);
       },
       py::arg("table"), py::arg("x"), py::arg("portable") = false);
+  // The clamp form of a byte lookup (ort_lookup.cpp): None where `table` is no clamp, else x
+  // clamped by it (`in_place`: over a copy of x itself, as where ONNX Runtime grants the op its
+  // input's buffer).
+  m.def(
+      "_clamp_bytes",
+      [](py::bytes table, py::bytes x, bool portable, bool in_place) -> py::object {
+        const std::string tab = table, in = x;
+        TORCH_CHECK(tab.size() == 256, "_clamp_bytes: the table must have 256 bytes, got ",
+                    tab.size());
+        torch_fl::ByteClamp clamp;
+        if (!torch_fl::clamp_of(reinterpret_cast<const uint8_t*>(tab.data()), &clamp)) {
+          return py::none();
+        }
+        std::string out = in_place ? in : std::string(in.size(), '\0');
+        const uint8_t* src = reinterpret_cast<const uint8_t*>(in_place ? out.data() : in.data());
+        torch_fl::clamp_bytes(clamp, src, reinterpret_cast<uint8_t*>(out.data()), in.size(),
+                              portable);
+        return py::bytes(out);
+      },
+      py::arg("table"), py::arg("x"), py::arg("portable") = false, py::arg("in_place") = false);
+  m.def("_lookups_in_place", &torch_fl::lookups_in_place,
+        "How many times a byte lookup op ran with its output over its input, in this process.");
   m.def(
       "_lookup_floats",
       [](py::bytes table, py::bytes x, bool portable) {

@@ -22,6 +22,7 @@ struct KernelInfo;
 struct SessionOptions;
 struct CustomOpDomain;
 struct TypeShapeInfo;
+struct ShapeInferContext;
 
 // ONNXTensorElementDataType values
 enum ElementType : int {
@@ -64,12 +65,20 @@ constexpr int kKernelContextGetInputCount = 88;  // (context, size_t* count)
 constexpr int kKernelContextGetInput = 90;
 constexpr int kKernelContextGetOutput = 91;
 constexpr int kReleaseTensorTypeAndShapeInfo = 99;
+// (context, index, TypeShapeInfo**): input `index`'s type and shape as ONNX Runtime's graph
+// knows it (rank 0 where it knows no shape), owned by the context. Since version 17.
+constexpr int kShapeInferContextGetInputTypeShape = 268;
+// (context, index, const TypeShapeInfo*): output `index`'s type and shape. Since version 17.
+constexpr int kShapeInferContextSetOutputTypeShape = 270;
 // (context, fn(user, i), total, max batches (0: no limit), user): fn for every i < total on the
 // session's intra-op threads; inline where the session has one thread. Since version 17.
 constexpr int kKernelContextParallelFor = 274;
 }  // namespace slot
 
-// OrtCustomOp, up to the fields of version 17; ONNX Runtime reads no further for that version.
+// OrtCustomOp, up to the fields of version 18. ONNX Runtime reads no further than an op's
+// `version` says: an op of version 17 (every op here but the in-place ones) ends at
+// get_end_version, and an ONNX Runtime of 1.17 reads no further whatever the version.
+constexpr uint32_t kInplaceOpVersion = 18;  // the first with get_may_inplace
 struct CustomOp {
   uint32_t version;
   void* (*create_kernel)(const CustomOp*, const void* api, const KernelInfo*);
@@ -90,9 +99,17 @@ struct CustomOp {
   int (*get_variadic_output_homogeneity)(const CustomOp*);
   Status* (*create_kernel_v2)(const CustomOp*, const void* api, const KernelInfo*, void** kernel);
   Status* (*kernel_compute_v2)(void* kernel, KernelContext*);
-  void* infer_output_shape;  // null: ONNX Runtime infers nothing for the output
+  // null: ONNX Runtime knows the output's type only (and plans no in-place reuse for it)
+  Status* (*infer_output_shape)(const CustomOp*, ShapeInferContext*);
   int (*get_start_version)(const CustomOp*);
   int (*get_end_version)(const CustomOp*);
+  // Since version 18: pairs (input, output) whose buffer the output may take over where this op
+  // is the input's last reader (ONNX Runtime's allocation planner decides, from the graph's
+  // shapes); the two arrays are allocated by the op and handed back to release_may_inplace.
+  size_t (*get_may_inplace)(int** input_index, int** output_index);
+  void (*release_may_inplace)(int* input_index, int* output_index);
+  size_t (*get_alias_map)(int** input_index, int** output_index);
+  void (*release_alias_map)(int* input_index, int* output_index);
 };
 
 }  // namespace torch_fl::ort

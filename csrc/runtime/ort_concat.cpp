@@ -168,7 +168,8 @@ constexpr TypedOp concat_spec(const char* name, int type) {
                           input_count, typed_output, one_output, nullptr, no_destroy,
                           input_characteristic, required_arg, default_memory,
                           variadic_min_arity, variadic_homogeneous, single_arity, single_arity,
-                          stateless_kernel, compute, nullptr, first_opset, last_opset},
+                          stateless_kernel, compute, nullptr, first_opset, last_opset,
+                          nullptr, nullptr, nullptr, nullptr},
                  name, type};
 }
 

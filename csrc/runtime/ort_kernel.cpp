@@ -58,6 +58,41 @@ Status* make_output(KernelContext* context, const std::vector<int64_t>& dims, vo
   return api_fn<Data>(slot::kGetTensorMutableData)(value, data);
 }
 
+size_t second_input_in_place(int** input_index, int** output_index) {
+  // ONNX Runtime frees nothing itself: release_in_place gets both arrays back
+  *input_index = new int[1]{1};
+  *output_index = new int[1]{0};
+  return 1;
+}
+
+void release_in_place(int* input_index, int* output_index) {
+  delete[] input_index;
+  delete[] output_index;
+}
+
+Status* shape_of_second_input(const CustomOp* op, ShapeInferContext* context) {
+  using GetTypeShape = Status* (*)(const ShapeInferContext*, size_t, TypeShapeInfo**);
+  using SetTypeShape = Status* (*)(const ShapeInferContext*, size_t, const TypeShapeInfo*);
+  using ElemType = Status* (*)(const TypeShapeInfo*, int*);
+  using DimCount = Status* (*)(const TypeShapeInfo*, size_t*);
+  // the context owns the info it hands out (releasing it here freed it twice)
+  TypeShapeInfo* info = nullptr;
+  TFL_ORT_TRY(api_fn<GetTypeShape>(slot::kShapeInferContextGetInputTypeShape)(context, 1, &info));
+  int type = kUndefined;
+  size_t rank = 0;
+  Status* status = api_fn<ElemType>(slot::kGetTensorElementType)(info, &type);
+  if (status == nullptr) {
+    status = api_fn<DimCount>(slot::kGetDimensionsCount)(info, &rank);
+  }
+  // Rank 0 is also what the context gives for an input of unknown shape (after another of the
+  // extension's ops): a scalar claimed there would break the next op's shape inference. And the
+  // info carries input 1's element type, which must be the output's.
+  if (status == nullptr && rank > 0 && type == op->get_output_type(op, 0)) {
+    status = api_fn<SetTypeShape>(slot::kShapeInferContextSetOutputTypeShape)(context, 0, info);
+  }
+  return status;
+}
+
 std::string shape_text(const std::vector<int64_t>& dims) {
   std::string s = "[";
   for (size_t i = 0; i < dims.size(); ++i) {

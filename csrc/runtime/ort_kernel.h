@@ -184,7 +184,26 @@ constexpr CustomOp custom_op(const char* (*name)(const CustomOp*),
                   nullptr,        no_destroy,   required_arg,   required_arg,
                   default_memory, single_arity, single_arity,   single_arity,
                   single_arity,   stateless_kernel, compute,    nullptr,
-                  first_opset,    last_opset};
+                  first_opset,    last_opset,   nullptr,        nullptr,
+                  nullptr,        nullptr};
+}
+
+// An op of custom_op() whose output may take over input 1's buffer (an elementwise op over
+// bytes of the same size: the byte lookups). Where ONNX Runtime grants it, the op runs with
+// x == y, so its kernel must read each block before writing it.
+//
+// ONNX Runtime's allocation planner grants it only where it knows both tensors' shapes to be
+// equal, so the op also gives its output input 1's shape (where the graph knows that shape; a
+// ReLU's clamp after ORT's own conv, MobileNetV2's 33 of 35).
+size_t second_input_in_place(int** input_index, int** output_index);
+void release_in_place(int* input_index, int* output_index);
+Status* shape_of_second_input(const CustomOp* op, ShapeInferContext* context);
+constexpr CustomOp in_place_op(CustomOp op) {
+  op.version = kInplaceOpVersion;
+  op.infer_output_shape = shape_of_second_input;
+  op.get_may_inplace = second_input_in_place;
+  op.release_may_inplace = release_in_place;
+  return op;
 }
 
 // The spec of an op whose 8-bit x and y share one type (ort_depthwise.cpp, ort_narrow.cpp): its

@@ -16,6 +16,7 @@
 #include "runtime/ort_kernel.h"
 
 #include <algorithm>
+#include <atomic>
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #include <immintrin.h>
 #elif defined(__aarch64__)
@@ -23,6 +24,7 @@
 #endif
 #include <cstring>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 namespace torch_fl {
@@ -333,7 +335,62 @@ bool have_vbmi() {
   }();
   return have;
 }
+
+bool have_avx512bw() {
+  static const bool have = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("bmi2");
+  }();
+  return have;
+}
+
+// A clamp (clamp_of) as VPMAXUB / VPMINUB (or their signed forms) over 64 bytes at a time, the
+// tail masked. Each block is loaded before it is stored: x may be y.
+template <bool Signed>
+__attribute__((target("avx512f,avx512bw"))) inline __m512i clamp64(__m512i v, __m512i low,
+                                                                  __m512i high) {
+  return Signed ? _mm512_min_epi8(_mm512_max_epi8(v, low), high)
+                : _mm512_min_epu8(_mm512_max_epu8(v, low), high);
+}
+
+template <bool Signed>
+__attribute__((target("avx512f,avx512bw,bmi2"))) void clamp_avx512(uint8_t lo, uint8_t hi,
+                                                                   const uint8_t* x, uint8_t* y,
+                                                                   size_t n) {
+  const __m512i low = _mm512_set1_epi8(static_cast<char>(lo));
+  const __m512i high = _mm512_set1_epi8(static_cast<char>(hi));
+  const auto clamp = [&](__m512i v) __attribute__((target("avx512f,avx512bw"))) {
+    return clamp64<Signed>(v, low, high);
+  };
+  size_t i = 0;
+  for (; i + 256 <= n; i += 256) {  // four blocks in flight
+    const __m512i a = _mm512_loadu_si512(x + i), b = _mm512_loadu_si512(x + i + 64);
+    const __m512i c = _mm512_loadu_si512(x + i + 128), d = _mm512_loadu_si512(x + i + 192);
+    _mm512_storeu_si512(y + i, clamp(a));
+    _mm512_storeu_si512(y + i + 64, clamp(b));
+    _mm512_storeu_si512(y + i + 128, clamp(c));
+    _mm512_storeu_si512(y + i + 192, clamp(d));
+  }
+  for (; i + 64 <= n; i += 64) {
+    _mm512_storeu_si512(y + i, clamp(_mm512_loadu_si512(x + i)));
+  }
+  if (i < n) {
+    const __mmask64 tail = _bzhi_u64(~0ULL, static_cast<unsigned>(n - i));
+    _mm512_mask_storeu_epi8(y + i, tail, clamp(_mm512_maskz_loadu_epi8(tail, x + i)));
+  }
+}
 #endif
+
+// The plain clamp: each byte read before it is written (x may be y).
+template <bool Signed>
+void clamp_portable(uint8_t lo, uint8_t hi, const uint8_t* x, uint8_t* y, size_t n) {
+  using T = std::conditional_t<Signed, int8_t, uint8_t>;
+  const T low = static_cast<T>(lo), high = static_cast<T>(hi);
+  for (size_t i = 0; i < n; ++i) {
+    const T v = static_cast<T>(x[i]);
+    y[i] = static_cast<uint8_t>(v < low ? low : v > high ? high : v);
+  }
+}
 
 #if defined(__aarch64__)
 // NEON (every aarch64 CPU, the boards' among them): TBL looks up 16 bytes at a time in a 64-byte
@@ -356,6 +413,26 @@ void lookup_neon(const uint8_t* table, const uint8_t* x, uint8_t* y, size_t n) {
     vst1q_u8(y + i, r);
   }
   lookup_portable(table, x + i, y + i, n - i);
+}
+
+// A clamp (clamp_of) as UMAX / UMIN (or SMAX / SMIN) over 16 bytes at a time; x may be y.
+template <bool Signed>
+void clamp_neon(uint8_t lo, uint8_t hi, const uint8_t* x, uint8_t* y, size_t n) {
+  size_t i = 0;
+  if (Signed) {
+    const int8x16_t low = vdupq_n_s8(static_cast<int8_t>(lo));
+    const int8x16_t high = vdupq_n_s8(static_cast<int8_t>(hi));
+    for (; i + 16 <= n; i += 16) {
+      const int8x16_t v = vreinterpretq_s8_u8(vld1q_u8(x + i));
+      vst1q_u8(y + i, vreinterpretq_u8_s8(vminq_s8(vmaxq_s8(v, low), high)));
+    }
+  } else {
+    const uint8x16_t low = vdupq_n_u8(lo), high = vdupq_n_u8(hi);
+    for (; i + 16 <= n; i += 16) {
+      vst1q_u8(y + i, vminq_u8(vmaxq_u8(vld1q_u8(x + i), low), high));
+    }
+  }
+  clamp_portable<Signed>(lo, hi, x + i, y + i, n - i);
 }
 #endif
 
@@ -461,6 +538,10 @@ using namespace torch_fl::ort;
 // against 0.898 ms with the earlier 131072 / 16384 (and a mean on one thread); on 1 thread each
 // change alone came within 0.004 ms of 1.156 (one thread runs the pieces in turn). Its tensors
 // at batch 1 are 14 000 to 150 000 elements: the earlier bounds kept most of them on one thread.
+// Byte lookups run with their output over their input (ONNX Runtime's planner granted
+// in_place_op), for tests (torch_fl._C._lookups_in_place).
+std::atomic<uint64_t> g_in_place_runs{0};
+
 constexpr int64_t kMinBytePiece = 16384;  // byte lookups: ~45 GB/s, 16 KB is ~0.4 us
 constexpr int64_t kMinPiece = 4096;       // float results and pairs: 5-10x slower per output
 
@@ -679,7 +760,18 @@ Status* compute(void* kernel, KernelContext* context) {
         lookup_floats(ftab, in + j0, y + j0, static_cast<size_t>(j1 - j0));
       });
     }
-    uint8_t* y = static_cast<uint8_t*>(out);
+    uint8_t* y = static_cast<uint8_t*>(out);  // may be x: ONNX Runtime grants in_place_op
+    if (in == y) {
+      g_in_place_runs.fetch_add(1, std::memory_order_relaxed);
+    }
+    ByteClamp clamp;
+    if (clamp_of(tab, &clamp)) {  // a ReLU's clamp: a max and a min instead of the lookup
+      return run_pieces(context, pieces, [&](int64_t i) {
+        int64_t r0, r1, j0, j1;
+        pieces.at(i, &r0, &r1, &j0, &j1);
+        clamp_bytes(clamp, in + j0, y + j0, static_cast<size_t>(j1 - j0));
+      });
+    }
     return run_pieces(context, pieces, [&](int64_t i) {
       int64_t r0, r1, j0, j1;
       pieces.at(i, &r0, &r1, &j0, &j1);
@@ -734,7 +826,9 @@ size_t input_count(const CustomOp* op) {
 int output_type(const CustomOp* op, size_t) { return spec_of(op).out_type; }
 
 constexpr OpSpec make_spec(const char* op_name, int out_type, int arity, bool product = false) {
-  return OpSpec{custom_op(name, input_type, input_count, output_type, compute), op_name, out_type,
+  const CustomOp op = custom_op(name, input_type, input_count, output_type, compute);
+  // a byte lookup's y is x's size: it may overwrite x (lookup_bytes reads each block first)
+  return OpSpec{arity == 1 && out_type != kFloat ? in_place_op(op) : op, op_name, out_type,
                 arity, product};
 }
 
@@ -769,6 +863,48 @@ void lookup_bytes(const uint8_t* table, const uint8_t* x, uint8_t* y, size_t n, 
   }
 #endif
   ort_lookup::lookup_portable(table, x, y, n);
+}
+
+bool clamp_of(const uint8_t* table, ByteClamp* clamp) {
+  // unsigned: the bounds are the results at 0 and 255; then every byte must match
+  const uint8_t lo = table[0], hi = table[255];
+  bool match = lo <= hi;
+  for (int b = 0; match && b < 256; ++b) {
+    match = table[b] == std::min<int>(std::max<int>(b, lo), hi);
+  }
+  if (match) {
+    *clamp = ByteClamp{false, lo, hi};
+    return true;
+  }
+  // signed: the bounds are the results at -128 (byte 128) and 127 (byte 127)
+  const int slo = static_cast<int8_t>(table[128]), shi = static_cast<int8_t>(table[127]);
+  match = slo <= shi;
+  for (int b = 0; match && b < 256; ++b) {
+    const int v = static_cast<int8_t>(b);
+    match = static_cast<int8_t>(table[b]) == std::min(std::max(v, slo), shi);
+  }
+  if (match) {
+    *clamp = ByteClamp{true, table[128], table[127]};
+  }
+  return match;
+}
+
+void clamp_bytes(const ByteClamp& clamp, const uint8_t* x, uint8_t* y, size_t n, bool portable) {
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+  if (!portable && ort_lookup::have_avx512bw()) {
+    clamp.is_signed ? ort_lookup::clamp_avx512<true>(clamp.lo, clamp.hi, x, y, n)
+                    : ort_lookup::clamp_avx512<false>(clamp.lo, clamp.hi, x, y, n);
+    return;
+  }
+#elif defined(__aarch64__)
+  if (!portable) {
+    clamp.is_signed ? ort_lookup::clamp_neon<true>(clamp.lo, clamp.hi, x, y, n)
+                    : ort_lookup::clamp_neon<false>(clamp.lo, clamp.hi, x, y, n);
+    return;
+  }
+#endif
+  clamp.is_signed ? ort_lookup::clamp_portable<true>(clamp.lo, clamp.hi, x, y, n)
+                  : ort_lookup::clamp_portable<false>(clamp.lo, clamp.hi, x, y, n);
 }
 
 void lookup_byte_rows(const uint8_t* table, const uint8_t* x, size_t x_stride, uint8_t* y,
@@ -812,6 +948,10 @@ const char* lookup_kernel() {
   return "neon";
 #endif
   return "portable";
+}
+
+uint64_t lookups_in_place() {
+  return ort_lookup::g_in_place_runs.load(std::memory_order_relaxed);
 }
 
 std::vector<const ort::CustomOp*> ort::lookup_ops() {

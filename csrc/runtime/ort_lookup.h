@@ -28,6 +28,27 @@ void lookup_floats(const float* table, const uint8_t* x, float* y, size_t n,
 void mean_floats(const float* table, const uint8_t* x, size_t rows, size_t cols, size_t stride,
                  float* y, bool portable = false);
 
+// A 256-byte table that clamps its byte: table[b] == min(max(b, lo), hi) for every byte b, the
+// bytes compared as unsigned or (`is_signed`) as int8. The ReLUs that
+// conversion/integer_form.py moves after their quantization (Max(q, zero point), a ReLU6's
+// Clip) become such tables (conversion/lookups.py).
+struct ByteClamp {
+  bool is_signed = false;
+  uint8_t lo = 0, hi = 255;
+};
+
+// Whether `table` is a clamp (unsigned tried first), and if so its bounds in *clamp.
+bool clamp_of(const uint8_t* table, ByteClamp* clamp);
+
+// y[i] = x[i] clamped, for i < n: what lookup_bytes returns with a table clamp_of takes, as a
+// max and a min (one instruction each per 64 bytes with AVX-512BW, per 16 with NEON, against
+// the lookup's five). x may be y. `portable` as for lookup_bytes (the plain loop).
+void clamp_bytes(const ByteClamp& clamp, const uint8_t* x, uint8_t* y, size_t n,
+                 bool portable = false);
+
+// How many times a byte lookup op has run with its output over its input, in this process.
+uint64_t lookups_in_place();
+
 // Which form lookup_bytes uses here: "avx512vbmi", "neon" or "portable" (lookup_floats: the
 // AVX512-VBMI form or the plain loop).
 const char* lookup_kernel();

@@ -590,3 +590,54 @@ def test_clamps_that_are_not_byte_tables_stay():
     model.graph.node.insert(0, helper.make_node("Identity", ["z"], ["z2"]))
     assert _fused(model)[1] == 0
     assert has_chains(_clamp_model("Max", ["x", "z"], {"z": np.uint8(128)}))
+
+
+def _clamp_table(lo: int, hi: int, signed: bool) -> np.ndarray:
+    """The 256-byte table of min(max(b, lo), hi) over every byte b, compared as int8 where
+    `signed`."""
+    values = np.arange(256, dtype=np.uint8).view(np.int8 if signed else np.uint8).astype(int)
+    return np.minimum(np.maximum(values, lo), hi).astype(np.int8 if signed else np.uint8)
+
+
+CLAMP_TABLES = {
+    "a relu at zero point 128": (128, 255, False),
+    "a relu6 over uint8": (128, 171, False),
+    "every byte (identity)": (0, 255, False),
+    "one value": (77, 77, False),
+    "below 128": (0, 127, False),
+    "a relu over int8": (0, 127, True),
+    "a relu6 over int8": (0, 43, True),
+    "negative bounds, int8": (-128, -1, True),
+    "across zero, int8": (-20, 90, True),
+}
+
+
+@pytest.mark.board
+@pytest.mark.parametrize("case", sorted(CLAMP_TABLES))
+def test_a_clamp_table_runs_as_a_max_and_a_min_in_every_form(case):
+    """The op recognises a clamp's table and runs it without the table (clamp_bytes): both
+    forms, in place and not, give the table's bytes at every length around the vector width."""
+    table = _clamp_table(*CLAMP_TABLES[case]).view(np.uint8)
+    rng = np.random.default_rng(len(case))
+    for n in (0, 1, 15, 16, 17, 63, 64, 65, 255, 256, 257, 1000, 4099):
+        x = rng.integers(0, 256, n, dtype=np.uint8)
+        want = table[x].tobytes()
+        for portable in (False, True):
+            for in_place in (False, True):
+                got = _C._clamp_bytes(table.tobytes(), x.tobytes(), portable, in_place)
+                assert got == want, (n, portable, in_place)
+
+
+def test_a_table_that_is_no_clamp_is_looked_up():
+    relu = _clamp_table(128, 255, False)
+    off_by_one = relu.copy()
+    off_by_one[200] = 201  # one byte differs
+    low_above = relu.copy()
+    low_above[0] = 129  # the bound at 0 is not the one elsewhere
+    descending = np.arange(255, -1, -1, dtype=np.uint8)
+    hardswish_like = np.clip(np.arange(256) * np.arange(256) // 300, 0, 255).astype(np.uint8)
+    random = np.random.default_rng(0).integers(0, 256, 256, dtype=np.uint8)
+    for table in (off_by_one, low_above, descending, hardswish_like, random):
+        assert _C._clamp_bytes(table.tobytes(), bytes(range(256))) is None
+    with pytest.raises(RuntimeError, match="256 bytes"):
+        _C._clamp_bytes(bytes(255), b"")

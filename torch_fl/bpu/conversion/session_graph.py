@@ -30,6 +30,7 @@ from torch_fl.bpu.conversion.max_pool import candidates as pool_candidates
 from torch_fl.bpu.conversion.max_pool import rewrite_max_pools
 from torch_fl.bpu.conversion.narrow_op import candidates as narrow_candidates
 from torch_fl.bpu.conversion.narrow_op import rewrite_narrow
+from torch_fl.bpu.conversion.session_shapes import declare_shapes
 
 __all__ = ["SessionGraph", "session_graph"]
 
@@ -93,6 +94,10 @@ def session_graph(
     # last: a concat folds in the lookups above that feed it
     n_concats = rewrite_concats(optimized)[0] if want_concats else 0
     changed = n_lookups or n_depthwise or n_grouped or n_narrow or n_pools or n_concats
+    if changed:
+        # the shapes ORT cannot infer past the extension's ops, where computable here: its
+        # planner then lets byte lookups run in place (conversion/session_shapes.py)
+        declare_shapes(optimized)
     data = optimized.SerializeToString() if changed else None
     return SessionGraph(
         data, n_lookups, n_depthwise, n_narrow, n_means, n_grouped, n_pools, n_concats
