@@ -4,8 +4,19 @@
 // ort_grouped_dot.cpp, ort_maxpool.cpp, ort_concat.cpp).
 #include "runtime/ort_kernel.h"
 
+#include <cstdio>
+
 namespace torch_fl::ort {
 namespace {
+
+// Whether the running ONNX Runtime ("1.<minor>.<patch>": its API version is the minor one)
+// takes ops of `version`.
+bool runtime_takes(const ApiBase* base, uint32_t version) {
+  const char* text = base->get_version_string();
+  unsigned major = 0, minor = 0;
+  return text != nullptr && std::sscanf(text, "%u.%u", &major, &minor) == 2 &&
+         (major > 1 || minor >= version);
+}
 
 Status* register_ops(SessionOptions* options, const ApiBase* base) {
   const void* api = base->get_api(kApiVersion);
@@ -25,6 +36,20 @@ Status* register_ops(SessionOptions* options, const ApiBase* base) {
                             concat_ops()}) {
     ops.insert(ops.end(), more.begin(), more.end());
   }
+  // ONNX Runtime refuses an op whose version is above its own API's ("Unsupported version"),
+  // so before 1.18 the in-place ops (in_place_op, version 18) register as version 17: ORT then
+  // reads no in-place pairs, and their lookups write a new buffer as before. Once a process.
+  static const bool versions_set = [&] {
+    if (!runtime_takes(base, kInplaceOpVersion)) {
+      for (const CustomOp* op : ops) {  // the ops are the files' mutable spec tables
+        if (op->version > kApiVersion) {
+          const_cast<CustomOp*>(op)->version = kApiVersion;
+        }
+      }
+    }
+    return true;
+  }();
+  (void)versions_set;
   for (const CustomOp* op : ops) {
     TFL_ORT_TRY(api_fn<DomainAdd>(slot::kCustomOpDomainAdd)(domain, op));
   }
