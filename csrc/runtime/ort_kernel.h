@@ -193,8 +193,8 @@ constexpr CustomOp custom_op(const char* (*name)(const CustomOp*),
 // x == y, so its kernel must read each block before writing it.
 //
 // ONNX Runtime's allocation planner grants it only where it knows both tensors' shapes to be
-// equal, so the op also gives its output input 1's shape (where the graph knows that shape; a
-// ReLU's clamp after ORT's own conv, MobileNetV2's 33 of 35).
+// equal, so the op also gives its output input 1's shape, where ORT knows that one
+// (conversion/session_shapes.py declares what it cannot infer: all 35 of MobileNetV2's clamps).
 size_t second_input_in_place(int** input_index, int** output_index);
 void release_in_place(int* input_index, int* output_index);
 Status* shape_of_second_input(const CustomOp* op, ShapeInferContext* context);
