@@ -532,16 +532,16 @@ namespace {
 
 using namespace torch_fl::ort;
 
+// Byte lookups run with their output over their input (ONNX Runtime's planner granted
+// in_place_op), for tests (torch_fl._C._lookups_in_place).
+std::atomic<uint64_t> g_in_place_runs{0};
+
 // The least outputs of a piece (ort_kernel.h, Pieces): handing one to another thread costs about
 // 2 us here. Tuned on MobileNetV3's sim session at batch 1 (2-vCPU EPYC, in one process, blocks
 // of ten runs in turns): with 16384 / 4096 (and ort_mean.cpp's 8192) its 2-thread run took 0.836
 // against 0.898 ms with the earlier 131072 / 16384 (and a mean on one thread); on 1 thread each
 // change alone came within 0.004 ms of 1.156 (one thread runs the pieces in turn). Its tensors
 // at batch 1 are 14 000 to 150 000 elements: the earlier bounds kept most of them on one thread.
-// Byte lookups run with their output over their input (ONNX Runtime's planner granted
-// in_place_op), for tests (torch_fl._C._lookups_in_place).
-std::atomic<uint64_t> g_in_place_runs{0};
-
 constexpr int64_t kMinBytePiece = 16384;  // byte lookups: ~45 GB/s, 16 KB is ~0.4 us
 constexpr int64_t kMinPiece = 4096;       // float results and pairs: 5-10x slower per output
 
