@@ -261,6 +261,8 @@ PYBIND11_MODULE(_C, m) {
         return py::bytes(out);
       },
       py::arg("table"), py::arg("x"), py::arg("portable") = false, py::arg("in_place") = false);
+  m.def("_depthwise_pieces", &torch_fl::depthwise_pieces,
+        "How many pieces the depthwise / grouped conv ops' calls split into, in this process.");
   m.def("_lookups_in_place", &torch_fl::lookups_in_place,
         "How many times a byte lookup op ran with its output over its input, in this process.");
   m.def(
