@@ -102,26 +102,28 @@ Status* run_parts(KernelContext* context, int64_t count, const Body& body) {
       const_cast<void*>(static_cast<const void*>(&body)));
 }
 
-// Runs body(r0, r1) over `total_rows` rows of `row_work` units each, split into at most
-// kMaxPieces runs of consecutive rows of at least `min_piece_work` units (one run where the work
-// is less): a conv op's output rows, for the session's intra-op threads.
-// How many runs of consecutive rows run_row_parts makes (rows_per_piece: the rows in each but
-// the last); it depends on the work only, not on the session's threads.
+// The rows in each piece of run_row_parts but the last: at most kMaxPieces runs of consecutive
+// rows of at least `min_piece_work` units (one run where the work is less). It depends on the
+// work only, not on the session's threads.
 inline int64_t rows_per_piece(int64_t total_rows, int64_t row_work, int64_t min_piece_work) {
   const int64_t want = std::max<int64_t>(
       1, std::min<int64_t>({kMaxPieces, total_rows, total_rows * row_work / min_piece_work}));
   return (total_rows + want - 1) / want;
 }
+
+// How many pieces run_row_parts makes of the same rows (the depthwise op counts them for tests).
 inline int64_t row_piece_count(int64_t total_rows, int64_t row_work, int64_t min_piece_work) {
   const int64_t per = rows_per_piece(total_rows, row_work, min_piece_work);
   return (total_rows + per - 1) / per;
 }
 
+// Runs body(r0, r1) over `total_rows` rows of `row_work` units each, in the pieces above: a conv
+// op's output rows, for the session's intra-op threads.
 template <class Body>
 Status* run_row_parts(KernelContext* context, int64_t total_rows, int64_t row_work,
                       int64_t min_piece_work, const Body& body) {
   const int64_t per = rows_per_piece(total_rows, row_work, min_piece_work);
-  return run_parts(context, (total_rows + per - 1) / per, [&](int64_t i) {
+  return run_parts(context, row_piece_count(total_rows, row_work, min_piece_work), [&](int64_t i) {
     const int64_t r0 = i * per, r1 = std::min(total_rows, r0 + per);
     if (r0 < r1) {
       body(r0, r1);
