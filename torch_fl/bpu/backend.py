@@ -125,6 +125,20 @@ def _partition(
     return spec, entry
 
 
+def _generate_forward(gm: fx.GraphModule) -> None:
+    """Generate `gm`'s code now. Dynamo hands the backend lazy graph modules, whose `forward`
+    until then is a stand-in that generates the code on first use and then goes through
+    `gm(...)` on every call: five Python frames and nn.Module's call machinery per call, which
+    after an int8 session has emptied the caches is measurable (tests/compile/test_hot_path.py)."""
+    try:
+        from torch.fx._lazy_graph_module import _LazyGraphModule
+    except ImportError:  # a torch without lazy graph modules: recompile() generated it already
+        return
+    force = getattr(_LazyGraphModule, "force_recompile", None)
+    if force is not None:
+        force(gm)
+
+
 def compile_inference(
     gm: fx.GraphModule, example_inputs, settings: BpuSettings, grad_mode: str = INFERENCE
 ):
@@ -165,6 +179,7 @@ def compile_inference(
         greport.runtimes.append(part)
         fused.add_submodule(name, part)
     fused.recompile()
+    _generate_forward(fused)
     fused.bpu_report = greport
     register_report(greport)
     if settings.report != "none":

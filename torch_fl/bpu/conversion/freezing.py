@@ -379,7 +379,7 @@ class FrozenWeights:
                 rest = self._unwatched
                 if rest is not None and _C._fingerprints(rest[0]) != rest[1]:
                     return True
-                return any(fingerprint(current[i], self._digest) != p for i, p in self._gapped)
+                return bool(self._gapped) and self._gapped_changed(current)
             # a forked child, or the memory remapped: hash every weight from here on
             self._watch, self._watch_note = None, "dropped (a forked child or a remapping)"
             self._hashed_nbytes = self._nbytes
@@ -393,4 +393,8 @@ class FrozenWeights:
             views, prints = self._dense
             if list(map(self._digest, views)) != prints:
                 return True
+        return bool(self._gapped) and self._gapped_changed(current)
+
+    def _gapped_changed(self, current: Sequence[torch.Tensor]) -> bool:
+        """Whether a weight with gaps (hashed from a dense copy) holds other bytes."""
         return any(fingerprint(current[i], self._digest) != p for i, p in self._gapped)

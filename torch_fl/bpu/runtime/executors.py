@@ -350,10 +350,21 @@ class SimExecutor:
         return tuple(map(torch.from_numpy, self._run(self.output_names, self._feed(args))))
 
     def _feed(self, args: Sequence[torch.Tensor]) -> dict:
-        feed = dict(self._weight_feed(args))
+        # live weights come first (a copy: the cached dict is reused); baked ones feed nothing
+        feed = dict(self._weight_feed(args)) if self._weights else {}
         for name, pos in self._inputs:
-            feed[name] = args[pos].detach().numpy()
+            feed[name] = host_array(args[pos])
         return feed
+
+
+def host_array(tensor: torch.Tensor) -> np.ndarray:
+    """A numpy view of a CPU tensor's memory. `detach()` only where the tensor requires grad:
+    it is a dispatcher call, and after an int8 session has emptied the caches it took 38 us of
+    a call where `numpy()` alone took 24 (MobileNetV3's input at batch 1, medians of 100)."""
+    try:
+        return tensor.numpy()
+    except RuntimeError:  # requires grad (or another case numpy() refuses: detach() says which)
+        return tensor.detach().numpy()
 
 
 class OnDevice:
