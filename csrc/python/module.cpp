@@ -16,6 +16,7 @@
 #include "runtime/device_guard.h"
 #include "runtime/fingerprint.h"
 #include "runtime/ort_depthwise.h"
+#include "runtime/ort_gemv.h"
 #include "runtime/ort_maxpool.h"
 #include "runtime/ort_narrow.h"
 #include "runtime/ort_lookup.h"
@@ -263,6 +264,8 @@ PYBIND11_MODULE(_C, m) {
       py::arg("table"), py::arg("x"), py::arg("portable") = false, py::arg("in_place") = false);
   m.def("_depthwise_pieces", &torch_fl::depthwise_pieces,
         "How many pieces the depthwise / grouped conv ops' calls split into, in this process.");
+  m.def("_gemv_pieces", &torch_fl::gemv_pieces,
+        "How many pieces the Gemv ops' calls split into, in this process.");
   m.def("_lookups_in_place", &torch_fl::lookups_in_place,
         "How many times a byte lookup op ran with its output over its input, in this process.");
   m.def(
@@ -284,6 +287,8 @@ PYBIND11_MODULE(_C, m) {
   m.def("_lookup_kernel", [] { return std::string(torch_fl::lookup_kernel()); });
   // which form the sim's depthwise conv op (csrc/runtime/ort_depthwise.cpp) uses here
   m.def("_depthwise_kernel", [] { return std::string(torch_fl::depthwise_kernel()); });
+  // which form the sim's matrix-vector op (csrc/runtime/ort_gemv.cpp) uses here
+  m.def("_gemv_kernel", [] { return std::string(torch_fl::gemv_kernel()); });
   // which form the sim's narrow conv op (csrc/runtime/ort_narrow.cpp) uses here
   m.def("_narrow_kernel", [] { return std::string(torch_fl::narrow_kernel()); });
   m.def("_maxpool_kernel", [] { return std::string(torch_fl::maxpool_kernel()); });

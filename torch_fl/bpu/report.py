@@ -204,6 +204,8 @@ class Report:
              "kernel, bit-equal to ONNX Runtime's (conversion/narrow_op.py)"),
             ("lookup_means", "sim lookup means", "float lookup{s} and the ReduceMean over each as "
              "one op, float for float (conversion/lookup_mean.py)"),
+            ("gemv", "sim one-row GEMMs", "one-row int8 GEMM{s} on the extension's VNNI kernel, "
+             "split over the session's threads, bit-equal to ONNX Runtime's (conversion/gemv.py)"),
         )  # fmt: skip
         lines += [
             f"{label}: graph {g.graph_id} part {p.id}: {n} " + what.format(s="s" * (n != 1))

@@ -429,9 +429,11 @@ class BpuSettings:
         "extension's own ops: exact float multiply-adds over the integers, or AVX512-VNNI byte "
         "dot products into QLinearConv's own int32, then ORT's requantization, so the bytes are "
         "QLinearConv's (conversion/depthwise.py, grouped_conv.py). Only where the CPU has "
-        "AVX-512. Also each 8-bit max pool ONNX Runtime leaves channels-first (its generic "
-        "loop) on the extension's pool op, on every CPU (conversion/max_pool.py). False: ONNX "
-        "Runtime's QLinearConv and MaxPool run them all.",
+        "AVX-512. Also each 8-bit GEMM of one row (a classifier at batch 1) on AVX512-VNNI byte "
+        "dot products split over the session's threads, QGemm's bytes (conversion/gemv.py), "
+        "and each 8-bit max pool ONNX Runtime leaves channels-first (its generic loop) on the "
+        "extension's pool op, on every CPU (conversion/max_pool.py). False: ONNX Runtime's "
+        "QLinearConv, QGemm and MaxPool run them all.",
         "FLAGOS_BPU_SIM_DEPTHWISE",
     )
     sim_narrow_op: bool = _option(

@@ -1,7 +1,7 @@
 """The graph a fused sim session opens: ONNX Runtime's own optimized form of the integer graph,
 with the extension's ops in it (conversion/lookups.py and lookup_mean.py, conversion/depthwise.py,
 conversion/grouped_conv.py, conversion/narrow_op.py, conversion/max_pool.py,
-conversion/concat_lookup.py).
+conversion/concat_lookup.py, conversion/gemv.py).
 
 The rewrites work on ORT's optimized form rather than on the graph it receives: there the
 integer convs already run channels-last with the transposes between them cancelled, and an op
@@ -22,6 +22,8 @@ import onnx
 from torch_fl.bpu.conversion.concat_lookup import candidates as concat_candidates
 from torch_fl.bpu.conversion.concat_lookup import rewrite_concats
 from torch_fl.bpu.conversion.depthwise import candidates, rewrite_depthwise
+from torch_fl.bpu.conversion.gemv import candidates as gemv_candidates
+from torch_fl.bpu.conversion.gemv import gemm_rows, rewrite_gemv
 from torch_fl.bpu.conversion.grouped_conv import candidates as grouped_candidates
 from torch_fl.bpu.conversion.grouped_conv import rewrite_grouped
 from torch_fl.bpu.conversion.lookup_mean import fuse_means, pairs, reduce_shapes
@@ -56,6 +58,8 @@ class SessionGraph:
     concats: int = 0
     """8-bit concats now the extension's ConcatLookup op (the byte lookups only they read
     folded in: among `lookups`)."""
+    gemv: int = 0
+    """One-row 8-bit GEMMs now the extension's Gemv op."""
 
 
 def session_graph(
@@ -73,15 +77,21 @@ def session_graph(
     grouped convs of narrow groups as GroupedConv where `depthwise` (the float ops' AVX-512
     form), as GroupedDotConv where `dot` (AVX512-VNNI) and that op takes them, its convs over
     few input channels as NarrowConv where `narrow`, its channels-first 8-bit max pools as
-    MaxPool where `pools`, and its 8-bit concats as ConcatLookup where `lookups`. No ORT pass is
-    spent where no rewrite has anything to replace."""
+    MaxPool where `pools`, its 8-bit concats as ConcatLookup where `lookups`, and its one-row
+    8-bit GEMMs as Gemv where `dot`. No ORT pass is spent where no rewrite has anything to
+    replace."""
     want_lookups = lookups and has_chains(model)
     want_depthwise = depthwise and candidates(model) > 0
     want_grouped = (depthwise or dot) and grouped_candidates(model) > 0
     want_narrow = narrow and narrow_candidates(model) > 0
     want_pools = pools and pool_candidates(model) > 0
     want_concats = lookups and concat_candidates(model) > 0
-    wanted = (want_lookups, want_depthwise, want_grouped, want_narrow, want_pools, want_concats)
+    rows = gemm_rows(model) if dot else {}
+    want_gemv = gemv_candidates(rows) > 0
+    wanted = (
+        want_lookups, want_depthwise, want_grouped, want_narrow, want_pools, want_concats,
+        want_gemv,
+    )  # fmt: skip
     if not any(wanted):
         return SessionGraph(None, 0, 0)
     optimized = ort_optimized(model, disabled)
@@ -93,12 +103,13 @@ def session_graph(
     n_pools = rewrite_max_pools(optimized) if want_pools else 0
     # last: a concat folds in the lookups above that feed it
     n_concats = rewrite_concats(optimized)[0] if want_concats else 0
-    changed = n_lookups or n_depthwise or n_grouped or n_narrow or n_pools or n_concats
+    n_gemv = rewrite_gemv(optimized, rows) if want_gemv else 0
+    changed = n_lookups or n_depthwise or n_grouped or n_narrow or n_pools or n_concats or n_gemv
     if changed:
         # the shapes ORT cannot infer past the extension's ops, where computable here: its
         # planner then lets byte lookups run in place (conversion/session_shapes.py)
         declare_shapes(optimized)
     data = optimized.SerializeToString() if changed else None
     return SessionGraph(
-        data, n_lookups, n_depthwise, n_narrow, n_means, n_grouped, n_pools, n_concats
+        data, n_lookups, n_depthwise, n_narrow, n_means, n_grouped, n_pools, n_concats, n_gemv
     )

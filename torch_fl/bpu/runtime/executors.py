@@ -153,6 +153,8 @@ class SimExecutor:
         """How many channels-first 8-bit max pools the session runs on the extension's op."""
         self.concats = 0
         """How many 8-bit concats the session runs on the extension's op."""
+        self.gemv = 0
+        """How many one-row 8-bit GEMMs the session runs on the extension's op."""
         self.narrow_ops = 0
         """How many narrow int8 convs the session runs on the extension's op."""
         self.lookup_means = 0
@@ -208,13 +210,13 @@ class SimExecutor:
     def _no_extension_ops(self) -> None:
         """The session runs none of the extension's ops: every count `_rewritten` adds is 0."""
         self.lookups = self.depthwise = self.grouped = self.narrow_ops = self.pools = 0
-        self.lookup_means = self.concats = 0
+        self.lookup_means = self.concats = self.gemv = 0
 
     def _rewritten(self) -> int:
         """How many of the fused graph's nodes run on the extension's ops."""
         return (
             self.lookups + self.depthwise + self.grouped + self.narrow_ops + self.pools
-            + self.concats
+            + self.concats + self.gemv
         )  # fmt: skip
 
     def _open_rewritten(
@@ -236,7 +238,7 @@ class SimExecutor:
                 self.lookups, self.depthwise = graph.lookups, graph.depthwise
                 self.narrow_ops, self.lookup_means = graph.narrow, graph.means
                 self.grouped, self.pools = graph.grouped, graph.pools
-                self.concats = graph.concats
+                self.concats, self.gemv = graph.concats, graph.gemv
                 self._open_session(graph.data, fused=True)
         except Exception as exc:  # noqa: BLE001  (any failure: ORT's own ops run the graph)
             self._no_extension_ops()

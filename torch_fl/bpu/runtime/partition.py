@@ -495,6 +495,7 @@ class PartitionRuntime(torch.nn.Module):
                 "concats": getattr(inner, "concats", 0),
                 "narrow_ops": getattr(inner, "narrow_ops", 0),
                 "lookup_means": getattr(inner, "lookup_means", 0),
+                "gemv": getattr(inner, "gemv", 0),
             }
             if kernels is not None
             else None

@@ -1,0 +1,170 @@
+"""One-row 8-bit GEMMs of ONNX Runtime's optimized sim graph as the extension's Gemv op.
+
+ORT fuses each DQ -> Gemm -> Q of an integer graph into a `com.microsoft` QGemm. Where A has
+one row (a classifier at batch 1) its kernel runs the product on one thread, and the time is
+the weights' trip from memory: by ORT's profiler, MobileNetV3-Small's 576 -> 1024 and
+1024 -> 1000 took 60 and 78 us on 1 thread and 59 and 68 on 2 (2-vCPU Xeon with AMX). This pass
+replaces each such QGemm with `torch_fl.bpu.Gemv<U8|I8>[F]` (csrc/runtime/ort_gemv.cpp): the
+same int32 accumulator on AVX512-VNNI's byte dot products, split over the session's threads by
+output columns, then QGemm's own output step. The result is QGemm's byte for byte, or float for
+float (tests/compile/test_gemv.py holds them equal over types, zero points, alpha, transposes,
+bias or none and float or 8-bit outputs).
+
+Which QGemms: A's row count is read from the integer graph's shapes (`gemm_rows`, by node
+name, which ORT's fusion keeps), and only a known single row qualifies: the op runs a row at a
+time, and a GEMM of many rows is ORT's kernel's job. B, its scales and zero points, C and the
+output's scale and zero point must be constants, B int8 with zero point 0 (the sim's weights
+are symmetric), A not transposed, and every partial sum inside int32.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from torch_fl.bpu.conversion.lookups import DOMAIN, import_domain
+from torch_fl.bpu.conversion.qlinear_conv import RANGE, drop_unread
+
+__all__ = ["OPS", "candidates", "gemm_rows", "pack_weights", "rewrite_gemv"]
+
+OPS = {
+    (TensorProto.UINT8, False): "GemvU8",
+    (TensorProto.UINT8, True): "GemvU8F",
+    (TensorProto.INT8, False): "GemvI8",
+    (TensorProto.INT8, True): "GemvI8F",
+}
+"""The op for a's 8-bit type and whether y is float."""
+INT32 = 2**31
+
+
+def gemm_rows(model: onnx.ModelProto) -> dict[str, int]:
+    """A's row count of each named Gemm of the integer graph `model` (before ORT's optimizer,
+    whose QGemm keeps the name), where shape inference knows A's shape in full."""
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model).graph
+    except Exception:  # noqa: BLE001  (no shapes: no Gemm qualifies)
+        return {}
+    dims: dict[str, list[int]] = {}
+    for info in (*inferred.input, *inferred.value_info):
+        tensor = info.type.tensor_type
+        if tensor.HasField("shape") and all(
+            d.HasField("dim_value") and d.dim_value > 0 for d in tensor.shape.dim
+        ):
+            dims[info.name] = [d.dim_value for d in tensor.shape.dim]
+    rows = {}
+    for node in inferred.node:
+        shape = dims.get(node.input[0]) if node.input else None
+        if node.op_type == "Gemm" and node.name and shape is not None and len(shape) == 2:
+            trans_a = next((a.i for a in node.attribute if a.name == "transA"), 0)
+            rows[node.name] = shape[1] if trans_a else shape[0]
+    return rows
+
+
+def candidates(rows: dict[str, int]) -> int:
+    """How many Gemms of `gemm_rows` have one row: `rewrite_gemv` decides each on ORT's graph."""
+    return sum(m == 1 for m in rows.values())
+
+
+def pack_weights(b: np.ndarray) -> np.ndarray:
+    """B as [K, N] int8 -> the op's [N16 / 16, K4 / 4, 16, 4] layout, padded with zeros."""
+    k, n = b.shape
+    k4, n16 = -(-k // 4) * 4, -(-n // 16) * 16
+    padded = np.zeros((k4, n16), np.int8)
+    padded[:k, :n] = b
+    return np.ascontiguousarray(padded.reshape(k4 // 4, 4, n16 // 16, 16).transpose(2, 0, 3, 1))
+
+
+def rewrite_gemv(model: onnx.ModelProto, rows: dict[str, int], form: int = 0) -> int:
+    """Replace, in place, each qualifying QGemm of ORT's optimized `model` whose A has one row
+    (by `rows`, from `gemm_rows`) with a Gemv op; returns how many. `form` 1 asks the op for its
+    plain loop (tests compare the forms)."""
+    inits = {i.name: i for i in model.graph.initializer}
+    added: list[onnx.TensorProto] = []
+    count = 0
+    for index, node in enumerate(model.graph.node):
+        if rows.get(node.name) != 1:
+            continue
+        taken = _plan(node, inits)
+        if taken is None:
+            continue
+        prefix = f"gemv::{node.name}"
+        names = [f"{prefix}/{part}" for part in ("weights", "corr", "scale", "geometry")]
+        taken["geometry"][-1] = form
+        arrays = (taken["weights"], taken["corr"], taken["scale"], taken["geometry"])
+        added += [numpy_helper.from_array(a, n) for a, n in zip(arrays, names, strict=True)]
+        op = helper.make_node(
+            taken["op"], [node.input[0], *names], [node.output[0]], name=prefix, domain=DOMAIN
+        )
+        model.graph.node[index].CopyFrom(op)
+        count += 1
+    if count:
+        model.graph.initializer.extend(added)
+        drop_unread(model)
+        import_domain(model)
+    return count
+
+
+def _const(inits: dict, name: str) -> np.ndarray | None:
+    return numpy_helper.to_array(inits[name]) if name in inits else None
+
+
+def _plan(node: onnx.NodeProto, inits: dict) -> dict | None:
+    """The Gemv inputs for `node`, or None where it is not a QGemm with constant B (int8, zero
+    point 0), scales, zero points and C, an untransposed A, and partial sums inside int32."""
+    if node.op_type != "QGemm" or node.domain != "com.microsoft" or len(node.input) < 6:
+        return None
+    names = list(node.input) + [""] * (9 - len(node.input))
+    _, a_scale, a_zp, b_name, b_scale, b_zp, c_name, y_scale, y_zp = names
+    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    if attrs.get("transA", 0) != 0:
+        return None
+    parts = [_const(inits, n) for n in (a_scale, a_zp, b_name, b_scale, b_zp)]
+    if any(p is None for p in parts):
+        return None
+    a_scale_v, a_zp_v, b, b_scale_v, b_zp_v = parts
+    a_type = inits[a_zp].data_type
+    if a_type not in RANGE or b.dtype != np.int8 or b.ndim != 2 or np.any(b_zp_v != 0):
+        return None
+    if a_scale_v.size != 1 or a_zp_v.size != 1:
+        return None
+    weights = b.T if attrs.get("transB", 0) else b  # [K, N]
+    k, n = weights.shape
+    if b_scale_v.size not in (1, n):
+        return None
+    c = np.zeros(n, np.int64)
+    if c_name:
+        bias = _const(inits, c_name)
+        if bias is None or bias.dtype != np.int32 or bias.size not in (1, n):
+            return None
+        c = np.broadcast_to(bias.reshape(-1).astype(np.int64), (n,)).copy()
+    float_out = not y_scale
+    zp_y = 0
+    if not float_out:
+        y_scale_v, y_zp_v = _const(inits, y_scale), _const(inits, y_zp) if y_zp else None
+        if y_scale_v is None or y_scale_v.size != 1 or (y_zp and y_zp_v is None):
+            return None
+        if y_zp and inits[y_zp].data_type != a_type:
+            return None
+        zp_y = int(y_zp_v.reshape(-1)[0]) if y_zp_v is not None else 0
+    # QGemm's output scale in float32, in its order: alpha * a_scale, times b_scale, over y_scale
+    alpha = np.float32(attrs.get("alpha", 1.0))
+    scale = (alpha * np.float32(a_scale_v.reshape(-1)[0])) * np.broadcast_to(
+        b_scale_v.reshape(-1).astype(np.float32), (n,)
+    )
+    if not float_out:
+        scale = scale / np.float32(y_scale_v.reshape(-1)[0])
+    # a's bytes as the op reads them: int8 shifted by 128, so its zero point shifts too
+    zp_a = int(a_zp_v.reshape(-1)[0]) + (128 if a_type == TensorProto.INT8 else 0)
+    w64 = weights.astype(np.int64)
+    corr = c - zp_a * w64.sum(axis=0)
+    # every partial sum inside int32, as MLAS's accumulator: |corr| plus the widest products
+    if int((np.abs(corr) + 255 * np.abs(w64).sum(axis=0)).max()) >= INT32:
+        return None
+    return {
+        "op": OPS[(a_type, float_out)],
+        "weights": pack_weights(weights),
+        "corr": corr.astype(np.int32),
+        "scale": scale.astype(np.float32),
+        "geometry": np.array([k, zp_y, 0], np.int64),
+    }
