@@ -68,3 +68,19 @@ def test_a_row_prints_the_verdict_of_each_timing() -> None:
     line = bench_sim._row_line(row)
     assert line.endswith("met; missed sim_vs_ort_fp32"), line
     assert " 1.20  0.80 " in line  # the gapped ratios beside the steady ones
+
+
+def test_breakdown_times_each_layer_of_a_real_sim_call(tmp_path) -> None:
+    """The breakdown finds the partition's arguments where the compiled graph calls it (its
+    runtime's __call__) and times each layer; a capture that missed the call raised KeyError."""
+    import torch
+
+    model = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 8, 3), torch.nn.ReLU(), torch.nn.Flatten(), torch.nn.Linear(8 * 6 * 6, 4)
+    ).eval()
+    x = torch.randn(1, 3, 8, 8)
+    compiled, runtimes = bench_sim._sim(model, x, [torch.randn(1, 3, 8, 8)], 1)
+    out = bench_sim.breakdown(compiled, runtimes[0], x, 2, tmp_path)
+    for key in ("ort_session", "executor", "partition", "compiled_call", "harness_ms"):
+        assert key in out
+    assert out["compiled_call"] >= out["ort_session"] > 0
