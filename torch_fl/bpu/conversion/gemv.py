@@ -138,15 +138,19 @@ def _plan(node: onnx.NodeProto, inits: dict) -> dict | None:
         if bias is None or bias.dtype != np.int32 or bias.size not in (1, n):
             return None
         c = np.broadcast_to(bias.reshape(-1).astype(np.int64), (n,)).copy()
+    # QGemm requantizes where y has a zero point and a scale, and writes floats where it has
+    # neither; one without the other is not a form ORT's optimizer writes: left to QGemm
+    if bool(y_scale) != bool(y_zp):
+        return None
     float_out = not y_scale
     zp_y = 0
     if not float_out:
-        y_scale_v, y_zp_v = _const(inits, y_scale), _const(inits, y_zp) if y_zp else None
-        if y_scale_v is None or y_scale_v.size != 1 or (y_zp and y_zp_v is None):
+        y_scale_v, y_zp_v = _const(inits, y_scale), _const(inits, y_zp)
+        if y_scale_v is None or y_scale_v.size != 1 or y_zp_v is None or y_zp_v.size != 1:
             return None
-        if y_zp and inits[y_zp].data_type != a_type:
+        if inits[y_zp].data_type != a_type:
             return None
-        zp_y = int(y_zp_v.reshape(-1)[0]) if y_zp_v is not None else 0
+        zp_y = int(y_zp_v.reshape(-1)[0])
     # QGemm's output scale in float32, in its order: alpha * a_scale, times b_scale, over y_scale
     alpha = np.float32(attrs.get("alpha", 1.0))
     scale = (alpha * np.float32(a_scale_v.reshape(-1)[0])) * np.broadcast_to(
