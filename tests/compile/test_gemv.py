@@ -19,6 +19,7 @@ from tests.support.sim_ops import NP, op_session, random_input
 from torch_fl import _C
 from torch_fl.bpu.conversion import session_graph as session_graph_module
 from torch_fl.bpu.conversion.gemv import OPS, candidates, gemm_rows, pack_weights, rewrite_gemv
+from torch_fl.bpu.conversion.inferred_shapes import InferredShapes, inferred_shapes
 
 ort = pytest.importorskip("onnxruntime")
 
@@ -217,6 +218,9 @@ def test_gemm_rows_reads_the_integer_graphs_shapes():
     rows = gemm_rows(model)
     assert rows == {"fc": 1, "fc2": 8}  # fc2's A is y [1, 8] transposed: 8 rows
     assert candidates(rows) == 1
+    shapes = inferred_shapes(model)  # inferred once, read by both passes (session_graph.py)
+    assert gemm_rows(shapes) == rows and shapes.dims["y"] == [1, 8]
+    assert gemm_rows(InferredShapes(None)) == {}  # inference failed: no GEMM qualifies
 
 
 class _Classifier(nn.Module):

@@ -23,8 +23,9 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from torch_fl.bpu.conversion.lookups import DOMAIN, import_domain
-from torch_fl.bpu.conversion.qlinear_conv import RANGE, drop_unread
+from torch_fl.bpu.conversion.depthwise import replace_convs
+from torch_fl.bpu.conversion.inferred_shapes import InferredShapes, inferred_shapes
+from torch_fl.bpu.conversion.qlinear_conv import RANGE
 
 __all__ = ["OPS", "candidates", "gemm_rows", "pack_weights", "rewrite_gemv"]
 
@@ -38,23 +39,15 @@ OPS = {
 INT32 = 2**31
 
 
-def gemm_rows(model: onnx.ModelProto) -> dict[str, int]:
+def gemm_rows(model: onnx.ModelProto | InferredShapes) -> dict[str, int]:
     """A's row count of each named Gemm of the integer graph `model` (before ORT's optimizer,
     whose QGemm keeps the name), where shape inference knows A's shape in full."""
-    try:
-        inferred = onnx.shape_inference.infer_shapes(model).graph
-    except Exception:  # noqa: BLE001  (no shapes: no Gemm qualifies)
+    shapes = inferred_shapes(model)
+    if shapes.graph is None:
         return {}
-    dims: dict[str, list[int]] = {}
-    for info in (*inferred.input, *inferred.value_info):
-        tensor = info.type.tensor_type
-        if tensor.HasField("shape") and all(
-            d.HasField("dim_value") and d.dim_value > 0 for d in tensor.shape.dim
-        ):
-            dims[info.name] = [d.dim_value for d in tensor.shape.dim]
     rows = {}
-    for node in inferred.node:
-        shape = dims.get(node.input[0]) if node.input else None
+    for node in shapes.graph.node:
+        shape = shapes.dims.get(node.input[0]) if node.input else None
         if node.op_type == "Gemm" and node.name and shape is not None and len(shape) == 2:
             trans_a = next((a.i for a in node.attribute if a.name == "transA"), 0)
             rows[node.name] = shape[1] if trans_a else shape[0]
@@ -79,30 +72,9 @@ def rewrite_gemv(model: onnx.ModelProto, rows: dict[str, int], form: int = 0) ->
     """Replace, in place, each qualifying QGemm of ORT's optimized `model` whose A has one row
     (by `rows`, from `gemm_rows`) with a Gemv op; returns how many. `form` 1 asks the op for its
     plain loop (tests compare the forms)."""
-    inits = {i.name: i for i in model.graph.initializer}
-    added: list[onnx.TensorProto] = []
-    count = 0
-    for index, node in enumerate(model.graph.node):
-        if rows.get(node.name) != 1:
-            continue
-        taken = _plan(node, inits)
-        if taken is None:
-            continue
-        prefix = f"gemv::{node.name}"
-        names = [f"{prefix}/{part}" for part in ("weights", "corr", "scale", "geometry")]
-        taken["geometry"][-1] = form
-        arrays = (taken["weights"], taken["corr"], taken["scale"], taken["geometry"])
-        added += [numpy_helper.from_array(a, n) for a, n in zip(arrays, names, strict=True)]
-        op = helper.make_node(
-            taken["op"], [node.input[0], *names], [node.output[0]], name=prefix, domain=DOMAIN
-        )
-        model.graph.node[index].CopyFrom(op)
-        count += 1
-    if count:
-        model.graph.initializer.extend(added)
-        drop_unread(model)
-        import_domain(model)
-    return count
+    return replace_convs(
+        model, lambda node, inits: _plan(node, inits) if rows.get(node.name) == 1 else None, form
+    )
 
 
 def _const(inits: dict, name: str) -> np.ndarray | None:
@@ -165,10 +137,11 @@ def _plan(node: onnx.NodeProto, inits: dict) -> dict | None:
     # every partial sum inside int32, as MLAS's accumulator: |corr| plus the widest products
     if int((np.abs(corr) + 255 * np.abs(w64).sum(axis=0)).max()) >= INT32:
         return None
-    return {
+    return {  # replace_convs' inputs: the op's corr in its "bias" slot
+        "prefix": "gemv",
         "op": OPS[(a_type, float_out)],
         "weights": pack_weights(weights),
-        "corr": corr.astype(np.int32),
+        "bias": corr.astype(np.int32),
         "scale": scale.astype(np.float32),
         "geometry": np.array([k, zp_y, 0], np.int64),
     }

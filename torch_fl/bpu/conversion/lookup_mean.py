@@ -24,6 +24,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from torch_fl.bpu.conversion.export import attribute, links, splice
+from torch_fl.bpu.conversion.inferred_shapes import InferredShapes, inferred_shapes
 from torch_fl.bpu.conversion.lookups import DOMAIN
 
 __all__ = ["OP", "fuse_means", "pairs", "reduce_shapes"]
@@ -41,21 +42,16 @@ def pairs(model: onnx.ModelProto) -> int:
     )
 
 
-def reduce_shapes(model: onnx.ModelProto) -> dict[str, tuple[list[int], list[int]]]:
+def reduce_shapes(
+    model: onnx.ModelProto | InferredShapes,
+) -> dict[str, tuple[list[int], list[int]]]:
     """(input shape, reduced axes) of each named ReduceMean of the integer graph `model` (before
     ORT's optimizer, which keeps the node's name but may permute its axes), where shape inference
     knows the shape in full."""
-    try:
-        inferred = onnx.shape_inference.infer_shapes(model).graph
-    except Exception:  # noqa: BLE001  (no shapes: no pair qualifies)
+    shapes = inferred_shapes(model)
+    inferred, dims = shapes.graph, shapes.dims
+    if inferred is None:
         return {}
-    dims: dict[str, list[int]] = {}
-    for info in (*inferred.input, *inferred.value_info):
-        shape = info.type.tensor_type.shape
-        if info.type.tensor_type.HasField("shape") and all(
-            d.HasField("dim_value") for d in shape.dim
-        ):
-            dims[info.name] = [d.dim_value for d in shape.dim]
     inits = {i.name: i for i in inferred.initializer}
     found = {}
     for node in inferred.node:
