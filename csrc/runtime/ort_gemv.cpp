@@ -178,7 +178,7 @@ void columns(const T* a, const int8_t* w, const int32_t* corr, const float* scal
 }
 
 // Work for one piece, in multiply-adds: as ort_depthwise.cpp's bound (a piece handed to another
-// thread costs a few microseconds; MobileNetV3's 1024 -> 1000 is 8 pieces of 64 columns).
+// thread costs a few microseconds; MobileNetV3's 1024 -> 1000 is 8 pieces of 128 columns).
 constexpr int64_t kMinPieceWork = 1 << 17;
 
 struct GemvOp {

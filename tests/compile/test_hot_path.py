@@ -90,8 +90,8 @@ def test_host_array_is_a_view_with_or_without_grad():
 
 
 def test_host_array_names_what_numpy_refuses():
-    """A tensor numpy() cannot view for another reason than grad: detach() does not help, and
-    the error says why (numpy's own message)."""
+    """A tensor numpy() cannot view for a reason other than grad (a dtype numpy lacks) is
+    refused with torch's own error, not copied or converted behind the caller's back."""
     with pytest.raises((RuntimeError, TypeError)):
         host_array(torch.ones(2, dtype=torch.bfloat16))
 
