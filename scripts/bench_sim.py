@@ -32,6 +32,7 @@ import json
 import math
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -48,7 +49,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 import torch_fl.bpu as bpu  # noqa: E402
-from scripts import plots, quiet  # noqa: E402
+from scripts import cpu_kind, plots, quiet  # noqa: E402
 from tests.support import ort  # noqa: E402
 from tests.support.pt2e import quantize as pt2e_quantize  # noqa: E402
 from torch_fl.bpu import report  # noqa: E402
@@ -581,6 +582,11 @@ def main(argv: list[str] | None = None) -> int:
         "--calib-samples", type=int, default=32,
         help="time calibrate() of ResNet-18 on this many samples (0: skip)",
     )  # fmt: skip
+    parser.add_argument(
+        "--cpu-kind", default="native", choices=["native", *cpu_kind.KINDS],
+        help="run as this CPU kind: avx2 re-runs the benchmark in a process whose CPUID shows "
+        "no AVX-512, VNNI or AMX, so every library picks its AVX2 kernels (scripts/cpu_kind.py)",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     models = [m.strip() for m in args.models.split(",") if m.strip()]
     unknown = sorted(m for m in set(models) - set(MODELS) if not _public_known(m))
@@ -597,6 +603,19 @@ def main(argv: list[str] | None = None) -> int:
         )
     batches, threads = _ints(args.batches, "--batches"), _ints(args.threads, "--threads")
     peers = {"inductor": not args.no_inductor, "pt2e": not args.no_pt2e}
+    kind = "native"
+    if args.cpu_kind != "native":
+        if os.environ.get(cpu_kind.MARK) != args.cpu_kind:
+            # the libraries read CPUID once, when they load: a fresh process, the stand-in first
+            reason = cpu_kind.unsupported(args.cpu_kind)
+            if reason is not None:
+                parser.error(f"--cpu-kind {args.cpu_kind}: {reason}")
+            env = cpu_kind.environment(args.cpu_kind)
+            argv_now = sys.argv[1:] if argv is None else argv
+            sys.stdout.flush()
+            return subprocess.call([sys.executable, __file__, *argv_now], env=env)
+        kind = cpu_kind.check(args.cpu_kind)
+        print(f"CPU kind: {kind}")
     from torch_fl.bpu.runtime.sim_kernels import choose
 
     kernels = choose("auto")
@@ -628,8 +647,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         out = Path(args.json)
         out.parent.mkdir(parents=True, exist_ok=True)
-        doc = {"cpu_kernels": vars(kernels), "cpus": os.cpu_count(), "rows": rows,
-               "calibration": calib}  # fmt: skip
+        doc = {"cpu_kernels": vars(kernels), "cpu_kind": kind, "cpus": os.cpu_count(),
+               "rows": rows, "calibration": calib}  # fmt: skip
         tmp = out.with_suffix(".tmp")
         tmp.write_text(json.dumps(doc, indent=1), encoding="utf-8")
         os.replace(tmp, out)

@@ -325,9 +325,21 @@ def test_mixed_probe_passes_where_u8s8_saturates():
 
 
 def test_auto_with_vnni_flag_but_inexact_probe_falls_back(cpu):
-    cpu({"avx512_vnni"}, {"u8s8": "u8s8 kernels are not exact", "u8u8": "u8u8 not exact"})
+    cpu(
+        {"avx512_vnni"},
+        {"u8s8": "u8s8 kernels are not exact", "mixed": "mixed not exact", "u8u8": "u8u8 not"},
+    )
     choice = sim_kernels.choose("auto")
     assert choice.path == "float" and "u8s8 kernels are not exact" in choice.reason
+
+
+def test_vnni_flag_with_saturating_u8s8_takes_mixed_next(cpu):
+    """The probe decides, not the flags: a VNNI flag whose u8s8 kernels saturate (AVX2 kernels
+    behind it) gets `mixed`, the next fastest exact path, before `u8u8`."""
+    cpu({"avx512_vnni"}, {"u8s8": "u8s8 kernels are not exact"})
+    choice = sim_kernels.choose("auto")
+    assert choice.path == "mixed"
+    assert "u8s8 kernels are not exact" in choice.reason and "Relu'd" in choice.reason
 
 
 def test_forced_path_that_is_not_exact_here_is_an_error(cpu):

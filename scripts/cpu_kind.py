@@ -1,0 +1,123 @@
+"""Benchmarks on another x86 CPU kind than this host's: an AVX2-only CPU, emulated on an AVX-512
+host by masking what CPUID reports (`bench_sim.py --cpu-kind avx2`).
+
+Issue 20's targets hold per CPU kind, and the kernels each library runs are picked from CPUID at
+run time: ONNX Runtime's MLAS (AVX2 u8s8 GEMMs add products in saturating int16 where there is no
+VNNI, so the sim's probe moves it to its `mixed` path), PyTorch's ATen and oneDNN, and this
+project's extension (its AVX-512 ops fall back to their portable loops). The stand-in
+`cpu_kinds/avx2_only.c`, preloaded into a fresh process, clears the AVX-512, VNNI and AMX bits
+from CPUID before any of them looks, so each picks the code it picks on an AVX2-only host. The
+instructions then run on this host's cores, which is not the same as a Haswell's or a Zen 3's;
+the ratios between variants of one run are what such a run measures (docs/compile-models.md).
+
+Needs Linux's CPUID faulting (the `cpuid_fault` CPU flag; a VM's hypervisor must pass it on) and
+a C compiler; `unsupported()` says what is missing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+__all__ = ["KINDS", "MARK", "check", "environment", "library", "unsupported"]
+
+HERE = Path(__file__).resolve().parent
+KINDS = {"avx2": HERE / "cpu_kinds" / "avx2_only.c"}
+"""The emulated kinds and their stand-in's source; "native" (this host as it is) needs none."""
+MARK = "TORCH_FL_BENCH_CPU_KIND"
+"""Set in the emulated process: which kind it runs as (so a benchmark re-executes itself once)."""
+# glibc picked its string functions before the stand-in loaded: its own tunable drops AVX-512
+GLIBC_MASK = "glibc.cpu.hwcaps=-AVX512F,-AVX512VL,-AVX512BW,-AVX512DQ,-AVX512CD,-AVX_VNNI"
+
+
+def _cpu_flags() -> set[str]:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as fh:
+            for line in fh:
+                key, _, value = line.partition(":")
+                if key.strip() == "flags":
+                    return set(value.split())
+    except OSError:
+        pass
+    return set()
+
+
+def unsupported(kind: str) -> str | None:
+    """Why `kind` cannot be emulated on this host (None: it can)."""
+    if kind not in KINDS:
+        return f"unknown CPU kind {kind!r}: one of native, {', '.join(KINDS)}"
+    if platform.system() != "Linux" or platform.machine() not in ("x86_64", "AMD64"):
+        return f"emulating {kind} needs an x86_64 Linux host, not {platform.machine()}"
+    if "cpuid_fault" not in _cpu_flags():
+        return (
+            "this CPU (or its hypervisor) has no CPUID faulting (no cpuid_fault in "
+            f"/proc/cpuinfo): {kind} cannot be emulated here; run on such a host instead"
+        )
+    if _compiler() is None:
+        return "no C compiler (cc or gcc) to build the CPUID stand-in; install gcc"
+    return None
+
+
+def _compiler() -> str | None:
+    return os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+
+
+def library(kind: str, cache: Path | None = None) -> Path:
+    """The stand-in for `kind`, built once per source (atomically: a half-written library is
+    never loaded) into `cache` (default: ~/.cache/torch_fl/cpu_kind)."""
+    reason = unsupported(kind)
+    if reason is not None:
+        raise RuntimeError(reason)
+    source = KINDS[kind]
+    text = source.read_bytes()
+    cache = cache or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "torch_fl"
+    out = cache / "cpu_kind" / f"{source.stem}-{hashlib.sha256(text).hexdigest()[:16]}.so"
+    if out.exists():
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
+        built = Path(tmp) / out.name
+        cc = _compiler()
+        assert cc is not None  # unsupported() checked
+        result = subprocess.run(
+            [cc, "-O2", "-shared", "-fPIC", "-Wall", "-o", str(built), str(source)],
+            capture_output=True,
+            text=True,
+        )
+        if result.returncode != 0:
+            raise RuntimeError(f"building the {kind} stand-in failed:\n{result.stderr}")
+        os.replace(built, out)
+    return out
+
+
+def environment(kind: str, base: dict[str, str] | None = None) -> dict[str, str]:
+    """`base` (default: this process's environment) for a process that runs as `kind`."""
+    env = dict(os.environ if base is None else base)
+    preload = env.get("LD_PRELOAD", "")
+    env["LD_PRELOAD"] = f"{library(kind)}{' ' + preload if preload else ''}"
+    env["GLIBC_TUNABLES"] = ":".join(t for t in (env.get("GLIBC_TUNABLES"), GLIBC_MASK) if t)
+    env.pop("PYTHONFAULTHANDLER", None)  # its SIGSEGV handler would take the CPUID faults
+    env[MARK] = kind
+    return env
+
+
+def check(kind: str) -> str:
+    """In the emulated process: that the libraries saw `kind` (else RuntimeError), and what they
+    picked, for the benchmark's report."""
+    import torch
+
+    from torch_fl import _C
+
+    torch_isa = torch.backends.cpu.get_cpu_capability()
+    ours = _C._depthwise_kernel()
+    if os.environ.get(MARK) != kind or torch_isa != "AVX2" or ours == "avx512":
+        raise RuntimeError(
+            f"the {kind} emulation did not take: PyTorch runs {torch_isa}, the extension's "
+            f"depthwise op {ours} (want AVX2 and portable); was the stand-in preloaded?"
+        )
+    return f"{kind}, emulated (CPUID masked): PyTorch {torch_isa}, extension ops {ours}"
