@@ -8,7 +8,7 @@
 namespace torch_fl {
 
 // y[i] = table[x[i]] for i < n (a 256-byte table). `portable`: the plain C++ loop even where the
-// AVX512-VBMI (x86_64) or NEON (aarch64) form would run (tests compare the two).
+// AVX512-VBMI or AVX2 (x86_64) or NEON (aarch64) form would run (tests compare the two).
 void lookup_bytes(const uint8_t* table, const uint8_t* x, uint8_t* y, size_t n,
                   bool portable = false);
 
@@ -49,8 +49,8 @@ void clamp_bytes(const ByteClamp& clamp, const uint8_t* x, uint8_t* y, size_t n,
 // How many times a byte lookup op has run with its output over its input, in this process.
 uint64_t lookups_in_place();
 
-// Which form lookup_bytes uses here: "avx512vbmi", "neon" or "portable" (lookup_floats: the
-// AVX512-VBMI form or the plain loop).
+// Which form lookup_bytes uses here: "avx512vbmi", "avx2", "neon" or "portable" (lookup_floats
+// and mean_floats: the AVX512-VBMI or AVX2 form, or the plain loop).
 const char* lookup_kernel();
 
 }  // namespace torch_fl
