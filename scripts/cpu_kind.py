@@ -114,10 +114,13 @@ def check(kind: str) -> str:
     from torch_fl import _C
 
     torch_isa = torch.backends.cpu.get_cpu_capability()
-    ours = _C._depthwise_kernel()
+    ours, lookups = _C._depthwise_kernel(), _C._lookup_kernel()
     if os.environ.get(MARK) != kind or torch_isa != "AVX2" or ours == "avx512":
         raise RuntimeError(
             f"the {kind} emulation did not take: PyTorch runs {torch_isa}, the extension's "
             f"depthwise op {ours} (want AVX2 and portable); was the stand-in preloaded?"
         )
-    return f"{kind}, emulated (CPUID masked): PyTorch {torch_isa}, extension ops {ours}"
+    return (
+        f"{kind}, emulated (CPUID masked): PyTorch {torch_isa}, the extension's lookups "
+        f"{lookups}, its depthwise / narrow / one-row GEMM ops off (no AVX-512)"
+    )
