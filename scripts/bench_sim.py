@@ -607,14 +607,20 @@ def main(argv: list[str] | None = None) -> int:
     if args.cpu_kind != "native":
         if os.environ.get(cpu_kind.MARK) != args.cpu_kind:
             # the libraries read CPUID once, when they load: a fresh process, the stand-in first
-            reason = cpu_kind.unsupported(args.cpu_kind)
-            if reason is not None:
+            reason, env = cpu_kind.unsupported(args.cpu_kind), None
+            try:
+                env = None if reason else cpu_kind.environment(args.cpu_kind)
+            except RuntimeError as exc:  # the stand-in would not build
+                reason = str(exc)
+            if env is None:
                 parser.error(f"--cpu-kind {args.cpu_kind}: {reason}")
-            env = cpu_kind.environment(args.cpu_kind)
             argv_now = sys.argv[1:] if argv is None else argv
             sys.stdout.flush()
             return subprocess.call([sys.executable, __file__, *argv_now], env=env)
-        kind = cpu_kind.check(args.cpu_kind)
+        try:
+            kind = cpu_kind.check(args.cpu_kind)
+        except RuntimeError as exc:
+            raise SystemExit(f"bench_sim: --cpu-kind {args.cpu_kind}: {exc}") from None
         print(f"CPU kind: {kind}")
     from torch_fl.bpu.runtime.sim_kernels import choose
 

@@ -67,3 +67,37 @@ def test_check_refuses_a_process_that_is_not_emulated(monkeypatch):
     monkeypatch.delenv(cpu_kind.MARK, raising=False)
     with pytest.raises(RuntimeError, match="did not take"):
         cpu_kind.check("avx2")
+
+
+def test_bench_refuses_a_kind_this_host_cannot_emulate(monkeypatch, capsys):
+    from scripts import bench_sim
+
+    monkeypatch.setattr(cpu_kind, "unsupported", lambda kind: "no CPUID faulting here")
+    monkeypatch.delenv(cpu_kind.MARK, raising=False)
+    with pytest.raises(SystemExit) as exit_info:
+        bench_sim.main(["--cpu-kind", "avx2", "--models", "resnet18"])
+    assert exit_info.value.code == 2
+    assert "--cpu-kind avx2: no CPUID faulting here" in capsys.readouterr().err
+
+
+def test_bench_refuses_a_stand_in_that_does_not_build(monkeypatch, capsys):
+    from scripts import bench_sim
+
+    def broken(kind, base=None):
+        raise RuntimeError("building the avx2 stand-in failed: cc: error")
+
+    monkeypatch.setattr(cpu_kind, "unsupported", lambda kind: None)
+    monkeypatch.setattr(cpu_kind, "environment", broken)
+    monkeypatch.delenv(cpu_kind.MARK, raising=False)
+    with pytest.raises(SystemExit) as exit_info:
+        bench_sim.main(["--cpu-kind", "avx2", "--models", "resnet18"])
+    assert exit_info.value.code == 2
+    assert "stand-in failed" in capsys.readouterr().err
+
+
+def test_bench_in_a_process_the_emulation_missed_says_so(monkeypatch):
+    from scripts import bench_sim
+
+    monkeypatch.setenv(cpu_kind.MARK, "avx2")  # marked, but this process's CPUID is the host's
+    with pytest.raises(SystemExit, match="--cpu-kind avx2: the avx2 emulation did not take"):
+        bench_sim.main(["--cpu-kind", "avx2", "--models", "resnet18"])
