@@ -616,7 +616,11 @@ def main(argv: list[str] | None = None) -> int:
                 parser.error(f"--cpu-kind {args.cpu_kind}: {reason}")
             argv_now = sys.argv[1:] if argv is None else argv
             sys.stdout.flush()
-            return subprocess.call([sys.executable, __file__, *argv_now], env=env)
+            try:
+                return subprocess.call([sys.executable, __file__, *argv_now], env=env)
+            except KeyboardInterrupt:  # the child got the Ctrl-C too; its JSON is atomic
+                print("bench_sim: interrupted", file=sys.stderr)
+                return 130
         try:
             kind = cpu_kind.check(args.cpu_kind)
         except RuntimeError as exc:

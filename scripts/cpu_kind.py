@@ -24,6 +24,8 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+from torch_fl.bpu.runtime.sim_kernels import cpu_flags
+
 __all__ = ["KINDS", "MARK", "check", "environment", "library", "unsupported"]
 
 HERE = Path(__file__).resolve().parent
@@ -35,25 +37,13 @@ MARK = "TORCH_FL_BENCH_CPU_KIND"
 GLIBC_MASK = "glibc.cpu.hwcaps=-AVX512F,-AVX512VL,-AVX512BW,-AVX512DQ,-AVX512CD,-AVX_VNNI"
 
 
-def _cpu_flags() -> set[str]:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as fh:
-            for line in fh:
-                key, _, value = line.partition(":")
-                if key.strip() == "flags":
-                    return set(value.split())
-    except OSError:
-        pass
-    return set()
-
-
 def unsupported(kind: str) -> str | None:
     """Why `kind` cannot be emulated on this host (None: it can)."""
     if kind not in KINDS:
         return f"unknown CPU kind {kind!r}: one of native, {', '.join(KINDS)}"
     if platform.system() != "Linux" or platform.machine() not in ("x86_64", "AMD64"):
         return f"emulating {kind} needs an x86_64 Linux host, not {platform.machine()}"
-    if "cpuid_fault" not in _cpu_flags():
+    if "cpuid_fault" not in cpu_flags():
         return (
             "this CPU (or its hypervisor) has no CPUID faulting (no cpuid_fault in "
             f"/proc/cpuinfo): {kind} cannot be emulated here; run on such a host instead"

@@ -58,7 +58,7 @@ def test_avx2_emulation_makes_every_library_pick_avx2(tmp_path):
     # the probe sees it, and the sim takes `mixed` (u8s8 only on Relu'd inputs)
     assert emulated["u8s8"] is not None and "saturat" in emulated["u8s8"]
     assert emulated["mixed"] is None and emulated["auto"] == "mixed"
-    if "avx512f" in cpu_kind._cpu_flags():  # the same libraries, unmasked, pick AVX-512 here
+    if "avx512f" in cpu_kind.cpu_flags():  # the same libraries, unmasked, pick AVX-512 here
         native = _report(None)
         assert native["torch"] != "AVX2" and native["depthwise"] == "avx512"
 
