@@ -32,7 +32,6 @@ import json
 import math
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -60,7 +59,12 @@ from torch_fl.bpu.conversion.grouped_conv import OPS as GROUPED_OPS  # noqa: E40
 from torch_fl.bpu.conversion.max_pool import OPS as POOL_OPS  # noqa: E402
 from torch_fl.bpu.conversion.narrow_op import OPS as NARROW_OPS  # noqa: E402
 from torch_fl.bpu.runtime import sim_threads  # noqa: E402
-from torch_fl.bpu.runtime.executors import UNFUSED, fused_graph, narrow_kernel  # noqa: E402
+from torch_fl.bpu.runtime.executors import (  # noqa: E402
+    UNFUSED,
+    depthwise_kernel,
+    fused_graph,
+    narrow_kernel,
+)
 
 MODELS = ("resnet18", "mobilenetv3", "vit", "transformer_encoder")
 TARGETS = {"sim_vs_ort_int8": "ort_int8", "sim_vs_ort_fp32": "ort_fp32"}
@@ -284,8 +288,9 @@ def _fused_counts(runtime, threads: int, tmp: Path) -> dict:
     convs = bool(depthwise or grouped or gemv)  # one setting moves them all (sim_depthwise)
     dot = convs and narrow_kernel() == "vnni"
     rewritten = session_graph(
-        graph, UNFUSED, bool(lookups or concats), convs, bool(narrow), dot, bool(pools)
-    ).data
+        graph, UNFUSED, bool(lookups or concats), convs, bool(narrow), dot, bool(pools),
+        grouped=convs and depthwise_kernel() == "avx512",
+    ).data  # fmt: skip
     if rewritten is not None:  # the executor's own graph: ORT's optimized form with our ops
         nodes = onnx.load_from_string(rewritten).graph.node
     else:
@@ -605,22 +610,14 @@ def main(argv: list[str] | None = None) -> int:
     peers = {"inductor": not args.no_inductor, "pt2e": not args.no_pt2e}
     kind = "native"
     if args.cpu_kind != "native":
-        if os.environ.get(cpu_kind.MARK) != args.cpu_kind:
-            # the libraries read CPUID once, when they load: a fresh process, the stand-in first
-            reason, env = cpu_kind.unsupported(args.cpu_kind), None
-            try:
-                env = None if reason else cpu_kind.environment(args.cpu_kind)
-            except RuntimeError as exc:  # the stand-in would not build
-                reason = str(exc)
-            if env is None:
-                parser.error(f"--cpu-kind {args.cpu_kind}: {reason}")
-            argv_now = sys.argv[1:] if argv is None else argv
-            sys.stdout.flush()
-            try:
-                return subprocess.call([sys.executable, __file__, *argv_now], env=env)
-            except KeyboardInterrupt:  # the child got the Ctrl-C too; its JSON is atomic
-                print("bench_sim: interrupted", file=sys.stderr)
-                return 130
+        try:
+            code = cpu_kind.rerun_as(
+                args.cpu_kind, __file__, sys.argv[1:] if argv is None else argv, "bench_sim"
+            )
+        except ValueError as exc:
+            parser.error(f"--cpu-kind {args.cpu_kind}: {exc}")
+        if code is not None:
+            return code
         try:
             kind = cpu_kind.check(args.cpu_kind)
         except RuntimeError as exc:

@@ -4,7 +4,8 @@ host by masking what CPUID reports (`bench_sim.py --cpu-kind avx2`).
 Issue 20's targets hold per CPU kind, and the kernels each library runs are picked from CPUID at
 run time: ONNX Runtime's MLAS (AVX2 u8s8 GEMMs add products in saturating int16 where there is no
 VNNI, so the sim's probe moves it to its `mixed` path), PyTorch's ATen and oneDNN, and this
-project's extension (its AVX-512 ops fall back to their portable loops). The stand-in
+project's extension (its lookups and depthwise convs take their AVX2 forms, its other AVX-512 ops
+their portable loops). The stand-in
 `cpu_kinds/avx2_only.c`, preloaded into a fresh process, clears the AVX-512, VNNI and AMX bits
 from CPUID before any of them looks, so each picks the code it picks on an AVX2-only host. The
 instructions then run on this host's cores, which is not the same as a Haswell's or a Zen 3's;
@@ -21,12 +22,13 @@ import os
 import platform
 import shutil
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
 from torch_fl.bpu.runtime.sim_kernels import cpu_flags
 
-__all__ = ["KINDS", "MARK", "check", "environment", "library", "unsupported"]
+__all__ = ["KINDS", "MARK", "check", "environment", "library", "rerun_as", "unsupported"]
 
 HERE = Path(__file__).resolve().parent
 KINDS = {"avx2": HERE / "cpu_kinds" / "avx2_only.c"}
@@ -96,6 +98,29 @@ def environment(kind: str, base: dict[str, str] | None = None) -> dict[str, str]
     return env
 
 
+def rerun_as(kind: str, script: str, argv: list[str], name: str) -> int | None:
+    """A benchmark's step into `kind`: where this process does not run as it yet, run `script`
+    with `argv` again in a fresh process that does (the libraries read CPUID once, when they
+    load) and return its exit code (130, after one line naming `name`, on Ctrl-C: the child got
+    it too); None where this process already runs as `kind`. ValueError where this host cannot
+    emulate it, or the stand-in will not build (the message says why)."""
+    if os.environ.get(MARK) == kind:
+        return None
+    reason = unsupported(kind)
+    if reason is not None:
+        raise ValueError(reason)
+    try:
+        env = environment(kind)
+    except RuntimeError as exc:
+        raise ValueError(str(exc)) from None
+    sys.stdout.flush()
+    try:
+        return subprocess.call([sys.executable, script, *argv], env=env)
+    except KeyboardInterrupt:
+        print(f"{name}: interrupted", file=sys.stderr)
+        return 130
+
+
 def check(kind: str) -> str:
     """In the emulated process: that the libraries saw `kind` (else RuntimeError), and what they
     picked, for the benchmark's report."""
@@ -108,9 +133,10 @@ def check(kind: str) -> str:
     if os.environ.get(MARK) != kind or torch_isa != "AVX2" or ours == "avx512":
         raise RuntimeError(
             f"the {kind} emulation did not take: PyTorch runs {torch_isa}, the extension's "
-            f"depthwise op {ours} (want AVX2 and portable); was the stand-in preloaded?"
+            f"depthwise op {ours} (want AVX2 for both); was the stand-in preloaded?"
         )
     return (
         f"{kind}, emulated (CPUID masked): PyTorch {torch_isa}, the extension's lookups "
-        f"{lookups}, its depthwise / narrow / one-row GEMM ops off (no AVX-512)"
+        f"{lookups}, its depthwise op {ours}, its grouped / narrow / one-row GEMM ops off (no "
+        "AVX-512)"
     )

@@ -8,7 +8,7 @@
 // it runs as one small GEMM per group, N = the group's outputs: 10.8 M multiply-adds of
 // RegNetY-400MF's first 3x3 (48 channels in 6 groups, stride 2, 112x112) took 1.03 ms, a tenth
 // of what its 1x1 convs reach. Here a conv of G input channels a group is G depthwise convs
-// summed: the input band holds, per pixel and for each k < G, the value each output channel
+// summed: the widened input rows hold, per pixel and for each k < G, the value each output channel
 // reads at its group's k-th input (a permute of 16 channels for groups of 2 to 16), and the
 // depthwise tiles below run over those G planes into one accumulator.
 //
@@ -60,67 +60,39 @@ struct Geometry {
   int64_t cin, gw, ogw;        // input channels; input and output channels a group
 };
 
-#if defined(TFL_X86_AVX512)
-// in[i] - zp as floats, 16 at a time; returns how many it did (the rest: the caller's loop).
-template <class T>
-TFL_AVX512 inline int64_t widen_avx512(const T* in, int64_t count, float zp, float* dst) {
-  const __m512 z = _mm512_set1_ps(zp);
-  int64_t i = 0;
-  for (; i + 16 <= count; i += 16) {
-    const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(in + i));
-    const __m512i v = std::is_signed<T>::value ? _mm512_cvtepi8_epi32(bytes)
-                                               : _mm512_cvtepu8_epi32(bytes);
-    _mm512_storeu_ps(dst + i, _mm512_sub_ps(_mm512_cvtepi32_ps(v), z));
-  }
-  return i;
-}
-#endif
 
-// Input rows [ih0, ih0 + rows) of batch item `n`, less the zero point, as floats in a
-// zero-padded band of rows of `wp` = W + pads pixels of `g.cin` channels; rows outside the input
-// are all padding.
+// Input row `ih` (inside the input) of batch item `n`, less the zero point, as floats in a
+// zero-padded row of W + pads pixels of `g.cin` channels. `widen` (nullptr: the plain loop) does
+// a vector form's share of it.
 template <class T>
-void fill_band(const T* x, const Geometry& g, int64_t n, int64_t ih0, int64_t rows,
-               [[maybe_unused]] bool fast, float* band) {
-  const int64_t wp = g.w + g.pl + g.pr, ps = g.cin;
+void fill_row(const T* x, const Geometry& g, int64_t n, int64_t ih,
+              int64_t (*widen)(const T*, int64_t, float, float*), float* out) {
+  const int64_t ps = g.cin;
   const float zp = static_cast<float>(g.zp_x);
-  for (int64_t r = 0; r < rows; ++r) {
-    float* out = band + r * wp * ps;
-    const int64_t ih = ih0 + r;
-    if (ih < 0 || ih >= g.h) {
-      std::memset(out, 0, sizeof(float) * static_cast<size_t>(wp * ps));
-      continue;
-    }
-    std::memset(out, 0, sizeof(float) * static_cast<size_t>(g.pl * ps));
-    std::memset(out + (g.pl + g.w) * ps, 0, sizeof(float) * static_cast<size_t>(g.pr * ps));
-    const T* in = x + ((n * g.h + ih) * g.w) * ps;
-    float* dst = out + g.pl * ps;
-    const int64_t count = g.w * ps;
-    int64_t i = 0;
-#if defined(TFL_X86_AVX512)
-    if (fast) {
-      i = widen_avx512(in, count, zp, dst);
-    }
-#endif
-    for (; i < count; ++i) {
-      dst[i] = static_cast<float>(in[i]) - zp;  // exact: both are small integers
-    }
+  std::memset(out, 0, sizeof(float) * static_cast<size_t>(g.pl * ps));
+  std::memset(out + (g.pl + g.w) * ps, 0, sizeof(float) * static_cast<size_t>(g.pr * ps));
+  const T* in = x + ((n * g.h + ih) * g.w) * ps;
+  float* dst = out + g.pl * ps;
+  const int64_t count = g.w * ps;
+  int64_t i = widen != nullptr ? widen(in, count, zp, dst) : 0;
+  for (; i < count; ++i) {
+    dst[i] = static_cast<float>(in[i]) - zp;  // exact: both are small integers
   }
 }
 
-// One output row from its band (band row 0 is the row of tap 0), the plain loop: output channel
-// c of group c / ogw reads that group's inputs (c / ogw) * gw + k.
+// One output row from the input rows `taps` (one a kernel row, padded: fill_row), the plain
+// loop: output channel c of group c / ogw reads that group's inputs (c / ogw) * gw + k.
 template <class T>
-void row_portable(const float* band, const float* w, const float* bias, const float* scale,
-                  const Geometry& g, T* out) {
-  const int64_t wp = g.w + g.pl + g.pr, ps = g.cin;
+void row_portable(const float* const* taps, const float* w, const float* bias,
+                  const float* scale, const Geometry& g, T* out) {
+  const int64_t ps = g.cin;
   for (int64_t ow = 0; ow < g.ow; ++ow) {
     for (int64_t c = 0; c < g.c; ++c) {
       float acc = bias[c];
       const int64_t first = (c / g.ogw) * g.gw;
       for (int64_t k = 0; k < g.gw; ++k) {
         for (int64_t i = 0; i < g.kh; ++i) {
-          const float* px = band + ((i * g.dh) * wp + ow * g.sw) * ps + first + k;
+          const float* px = taps[i] + ow * g.sw * ps + first + k;
           const float* wt = w + ((k * g.kh + i) * g.kw) * g.c + c;
           for (int64_t j = 0; j < g.kw; ++j) {
             acc += px[j * g.dw * ps] * wt[j * g.c];
@@ -132,226 +104,216 @@ void row_portable(const float* band, const float* w, const float* bias, const fl
   }
 }
 
+
+// The x86 vector forms of the row kernel (ort_depthwise_rows.inc, once per width): AVX-512 where
+// the CPU has it, else AVX2 with FMA (Haswell to Zen 3). There ONNX Runtime's int8 depthwise
+// kernel is slower still than on AVX-512: by its profiler (MobileNetV3, batch 1, 1 thread, the
+// emulated AVX2 CPU of scripts/cpu_kind.py), 117 us for the 3x3 at stride 2 over 72 channels
+// that its fp32 NCHWc kernel runs in 30 us. Every product and sum is the same float operation
+// in either width, so both forms give the plain loop's bytes.
 #if defined(TFL_X86_AVX512)
-// How the AVX-512 form forms the vector of inputs that a block of 16 output channels multiplies
-// by one weight vector: a depthwise conv's are the block's own 16 channels; groups of G (2 to 16,
-// dividing 16) as wide as their outputs read the block's own 16 channels too, lane l taking
-// channel (l / G) * G + k for the group's k-th input (one permute); groups whose outputs fill
-// whole blocks read one input for all 16 lanes (a broadcast). Other shapes take the plain loop
-// (conversion/grouped_conv.py `fits` writes the op only for these).
 enum Reads { kOwn = 0, kPermute = 1, kBroadcast = 2, kPlain = 3 };
 
-Reads reads(const Geometry& g) {
-  if (g.gw == 1 && g.ogw == 1) {
-    return kOwn;
-  }
-  if (g.gw == g.ogw && g.gw <= 16 && 16 % g.gw == 0) {
-    return kPermute;
-  }
-  return g.ogw % 16 == 0 ? kBroadcast : kPlain;
-}
+using RowFn = void (*)(const float* const*, const float*, const float*, const float*,
+                       const Geometry&, void*);
 
-// The 16 inputs that output block c0 multiplies by the weights of its groups' k-th input, at
-// pixel `px` of the band (see Reads): `lanes` holds lane l's group start within the block.
-template <int R>
-TFL_AVX512 inline __m512 inputs(const float* px, int64_t c0, int64_t first, __mmask16 m,
-                                __m512i lanes, int64_t k) {
-  if constexpr (R == kOwn) {
-    return _mm512_maskz_loadu_ps(m, px + c0);
-  } else if constexpr (R == kPermute) {
-    const __m512i at = _mm512_add_epi32(lanes, _mm512_set1_epi32(static_cast<int32_t>(k)));
-    return _mm512_permutexvar_ps(at, _mm512_maskz_loadu_ps(m, px + c0));
-  } else {
-    return _mm512_set1_ps(px[first + k]);
+// 16 float lanes, masked by __mmask16.
+struct V512 {
+  using Reg = __m512;
+  using Mask = __mmask16;
+  using Index = __m512i;
+  static constexpr int kLanes = 16;
+  // 8 outputs a tile at column stride 1, 4 at 2: up to 23 of the 32 vector registers
+  static constexpr int tile(int sw) { return sw == 1 ? 8 : 4; }
+  template <class T>
+  using Requant = ort::Requant<T>;
+
+  TFL_AVX512 static Mask mask(int64_t left) { return tail_mask(left); }
+  TFL_AVX512 static Reg load(Mask m, const float* p) { return _mm512_maskz_loadu_ps(m, p); }
+  TFL_AVX512 static Reg set1(float v) { return _mm512_set1_ps(v); }
+  TFL_AVX512 static Reg sub(Reg a, Reg b) { return _mm512_sub_ps(a, b); }
+  TFL_AVX512 static Reg fmadd(Reg a, Reg b, Reg c) { return _mm512_fmadd_ps(a, b, c); }
+  // lane l's group start within its block, for groups of `gw` (a power of two)
+  TFL_AVX512 static Index group_starts(int64_t gw) {
+    return _mm512_and_si512(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                            _mm512_set1_epi32(~static_cast<int32_t>(gw - 1)));
   }
-}
-
-// P output pixels of one output row, 16 channels from c0 (`m`: the tail mask), with kernel width
-// KW and column stride SW (column dilation 1): per kernel row and group input, the (P - 1) * SW
-// + KW input vectors that the P outputs read are formed once and each weight loaded once, so
-// the multiply-adds outnumber the loads (8 outputs of a 3x3: 24 multiply-adds on 13 loads a
-// row, where loading each operand would take 48).
-template <int R, int KW, int SW, int P>
-TFL_AVX512 inline void tile(const float* band, int64_t wp, const float* w, const Geometry& g,
-                            int64_t c0, int64_t first, __mmask16 m, __m512i lanes, int64_t ow,
-                            __m512 (&acc)[P]) {
-  constexpr int kInputs = (P - 1) * SW + KW;
-  const int64_t ps = g.cin, gw = R == kOwn ? 1 : g.gw;  // a depthwise conv's loop is gone
-  for (int64_t i = 0; i < g.kh; ++i) {
-    const float* row = band + ((i * g.dh) * wp + ow * SW) * ps;
-    for (int64_t k = 0; k < gw; ++k) {
-      const float* wt = w + ((k * g.kh + i) * KW) * g.c + c0;
-      __m512 in[kInputs];
-#pragma GCC unroll 32
-      for (int t = 0; t < kInputs; ++t) {
-        in[t] = inputs<R>(row + t * ps, c0, first, m, lanes, k);
-      }
-#pragma GCC unroll 16
-      for (int j = 0; j < KW; ++j) {
-        const __m512 wv = _mm512_maskz_loadu_ps(m, wt + j * g.c);
-#pragma GCC unroll 16
-        for (int o = 0; o < P; ++o) {
-          acc[o] = _mm512_fmadd_ps(in[o * SW + j], wv, acc[o]);
-        }
-      }
-    }
+  TFL_AVX512 static Reg permute(Index starts, int64_t k, Reg v) {
+    return _mm512_permutexvar_ps(_mm512_add_epi32(starts, _mm512_set1_epi32(static_cast<int32_t>(k))), v);
   }
-}
-
-// Outputs [ow, ow + count) of the row in tiles of P, then of P / 2, ... 1.
-template <class T, int R, int KW, int SW, int P>
-TFL_AVX512 inline void tiles(const float* band, int64_t wp, const float* w, const Geometry& g,
-                             int64_t c0, int64_t first, __mmask16 m, __m512i lanes, __m512 b,
-                             __m512 s, const Requant<T>& q, int64_t ow, int64_t end, T* out) {
-  for (; ow + P <= end; ow += P) {
-    __m512 acc[P];
-#pragma GCC unroll 16
-    for (int o = 0; o < P; ++o) {
-      acc[o] = b;
-    }
-    tile<R, KW, SW, P>(band, wp, w, g, c0, first, m, lanes, ow, acc);
-#pragma GCC unroll 16
-    for (int o = 0; o < P; ++o) {
-      store16(acc[o], s, q, m, out + (ow + o) * g.c + c0);
-    }
+  template <class T>
+  TFL_AVX512 static void store(Reg acc, Reg s, const Requant<T>& q, Mask m, T* out) {
+    store16(acc, s, q, m, out);
   }
-  if constexpr (P > 1) {
-    tiles<T, R, KW, SW, P / 2>(band, wp, w, g, c0, first, m, lanes, b, s, q, ow, end, out);
+  TFL_AVX512 static void store_floats(float* dst, Reg v) { _mm512_storeu_ps(dst, v); }
+  template <class T>
+  TFL_AVX512 static Reg bytes_to_floats(const T* in) {
+    const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(in));
+    return _mm512_cvtepi32_ps(std::is_signed<T>::value ? _mm512_cvtepi8_epi32(bytes)
+                                                       : _mm512_cvtepu8_epi32(bytes));
   }
-}
-
-// One output row, 16 channels at a time (the tail masked): in tiles for kernel width KW at column
-// stride SW, or, with KW = 0, any geometry one output pixel at a time, every operand formed.
-// The tiles took the 88-channel 3x3 above from 32.2 to 20.7 us, the 240-channel 5x5 at 14x14
-// from 52.9 to 27.1 us (ORT's profiler, two runs; before: four outputs at a time, every operand
-// loaded for each).
-template <class T, int R, int KW, int SW>
-TFL_AVX512 void row_avx512(const float* band, const float* w, const float* bias,
-                           const float* scale, const Geometry& g, T* out) {
-  const int64_t wp = g.w + g.pl + g.pr, ps = g.cin;
-  const Requant<T> q(g.zp_y);
-  // lane l's group start within its block, for kPermute (G a power of two there)
-  const __m512i lanes = _mm512_and_si512(
-      _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-      _mm512_set1_epi32(~static_cast<int32_t>(g.gw - 1)));
-  for (int64_t c0 = 0; c0 < g.c; c0 += 16) {
-    const __mmask16 m = tail_mask(g.c - c0);
-    const __m512 b = _mm512_maskz_loadu_ps(m, bias + c0);
-    const __m512 s = _mm512_maskz_loadu_ps(m, scale + c0);
-    const int64_t first = (c0 / g.ogw) * g.gw;  // kBroadcast: the block's group's first input
-    if constexpr (KW > 0) {
-      // 8 outputs a tile at column stride 1, 4 at 2: up to 23 of the 32 vector registers
-      tiles<T, R, KW, SW, (SW == 1 ? 8 : 4)>(band, wp, w, g, c0, first, m, lanes, b, s, q, 0,
-                                             g.ow, out);
-    } else {
-      for (int64_t ow = 0; ow < g.ow; ++ow) {
-        __m512 a = b;
-        for (int64_t i = 0; i < g.kh; ++i) {
-          const float* row = band + ((i * g.dh) * wp + ow * g.sw) * ps;
-          for (int64_t k = 0; k < g.gw; ++k) {
-            const float* wt = w + ((k * g.kh + i) * g.kw) * g.c + c0;
-            for (int64_t j = 0; j < g.kw; ++j) {
-              a = _mm512_fmadd_ps(inputs<R>(row + j * g.dw * ps, c0, first, m, lanes, k),
-                                  _mm512_maskz_loadu_ps(m, wt + j * g.c), a);
-            }
-          }
-        }
-        store16(a, s, q, m, out + ow * g.c + c0);
-      }
-    }
-  }
-}
-
-using RowFn = void (*)(const float*, const float*, const float*, const float*, const Geometry&,
-                       void*);
-
-template <class T, int R, int KW, int SW>
-void row_entry(const float* band, const float* w, const float* bias, const float* scale,
-               const Geometry& g, void* out) {
-  row_avx512<T, R, KW, SW>(band, w, bias, scale, g, static_cast<T*>(out));
-}
-
-// Kernel widths 1 to 7 at column stride 1, then at 2, tiled; the one-pixel loop.
-template <class T, int R>
-struct RowTable {
-  static constexpr RowFn tiled[2][7] = {
-      {row_entry<T, R, 1, 1>, row_entry<T, R, 2, 1>, row_entry<T, R, 3, 1>, row_entry<T, R, 4, 1>,
-       row_entry<T, R, 5, 1>, row_entry<T, R, 6, 1>, row_entry<T, R, 7, 1>},
-      {row_entry<T, R, 1, 2>, row_entry<T, R, 2, 2>, row_entry<T, R, 3, 2>, row_entry<T, R, 4, 2>,
-       row_entry<T, R, 5, 2>, row_entry<T, R, 6, 2>, row_entry<T, R, 7, 2>}};
-  static constexpr RowFn any = row_entry<T, R, 0, 0>;
 };
 
-// The row kernel for g (nullptr: the plain loop): a tiled one for kernel widths 1 to 7 at
-// column stride 1 or 2 (no column dilation), the one-pixel loop otherwise.
-template <class T, int R>
-RowFn pick_for(const Geometry& g) {
-  if (g.dw == 1 && (g.sw == 1 || g.sw == 2) && g.kw >= 1 && g.kw <= 7) {
-    return RowTable<T, R>::tiled[g.sw - 1][g.kw - 1];
+// 8 float lanes; the tail's lanes as a vector mask and its count (for the byte store).
+struct V256 {
+  using Reg = __m256;
+  struct Mask {
+    __m256i lanes;
+    int64_t left;
+  };
+  using Index = __m256i;
+  static constexpr int kLanes = 8;
+  // 4 outputs a tile at either column stride: 2 at stride 2 left a 5x5 load-bound (96 channels
+  // at 28x28: 63.9 against 56.7 us, dwbench of docs/compile.md)
+  static constexpr int tile(int) { return 4; }
+  template <class T>
+  using Requant = ort::Requant8<T>;
+
+  TFL_AVX2_FMA static Mask mask(int64_t left) {
+    const int32_t n = static_cast<int32_t>(std::min<int64_t>(left, 8));
+    return {_mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)),
+            left};
   }
-  return RowTable<T, R>::any;
+  TFL_AVX2_FMA static Reg load(const Mask& m, const float* p) {
+    return _mm256_maskload_ps(p, m.lanes);  // masked lanes read as 0 and never fault
+  }
+  TFL_AVX2_FMA static Reg set1(float v) { return _mm256_set1_ps(v); }
+  TFL_AVX2_FMA static Reg sub(Reg a, Reg b) { return _mm256_sub_ps(a, b); }
+  TFL_AVX2_FMA static Reg fmadd(Reg a, Reg b, Reg c) { return _mm256_fmadd_ps(a, b, c); }
+  TFL_AVX2_FMA static Index group_starts(int64_t gw) {
+    return _mm256_and_si256(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
+                            _mm256_set1_epi32(~static_cast<int32_t>(gw - 1)));
+  }
+  TFL_AVX2_FMA static Reg permute(Index starts, int64_t k, Reg v) {
+    return _mm256_permutevar8x32_ps(v, _mm256_add_epi32(starts, _mm256_set1_epi32(static_cast<int32_t>(k))));
+  }
+  template <class T>
+  TFL_AVX2_FMA static void store(Reg acc, Reg s, const Requant<T>& q, const Mask& m, T* out) {
+    store8(acc, s, q, m.left, out);
+  }
+  TFL_AVX2_FMA static void store_floats(float* dst, Reg v) { _mm256_storeu_ps(dst, v); }
+  template <class T>
+  TFL_AVX2_FMA static Reg bytes_to_floats(const T* in) {
+    const __m128i bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(in));
+    return _mm256_cvtepi32_ps(std::is_signed<T>::value ? _mm256_cvtepi8_epi32(bytes)
+                                                       : _mm256_cvtepu8_epi32(bytes));
+  }
+};
+
+namespace avx512 {
+using V = V512;
+#define TFL_ROWS_TARGET TFL_AVX512
+#include "runtime/ort_depthwise_rows.inc"
+#undef TFL_ROWS_TARGET
+}  // namespace avx512
+
+namespace avx2 {
+using V = V256;
+#define TFL_ROWS_TARGET TFL_AVX2_FMA
+#include "runtime/ort_depthwise_rows.inc"
+#undef TFL_ROWS_TARGET
+}  // namespace avx2
+#endif
+
+// The form the ops' fastest setting (geometry form 0) runs on this CPU.
+enum class Form { kPortable, kAvx2, kAvx512 };
+
+Form form_here() {
+#if defined(TFL_X86_AVX512)
+  if (ort::have_avx512()) {
+    return Form::kAvx512;
+  }
+  if (ort::have_avx2_fma()) {
+    return Form::kAvx2;
+  }
+#endif
+  return Form::kPortable;
 }
+
+// What one call of the op runs: the row kernel (nullptr: the plain loop) and the input rows'
+// widening (nullptr: the plain loop).
+template <class T>
+struct Kernels {
+#if defined(TFL_X86_AVX512)
+  RowFn row = nullptr;
+#endif
+  int64_t (*widen)(const T*, int64_t, float, float*) = nullptr;
+};
 
 template <class T>
-RowFn pick_row(const Geometry& g) {
-  switch (reads(g)) {
-    case kOwn:
-      return pick_for<T, kOwn>(g);
-    case kPermute:
-      return pick_for<T, kPermute>(g);
-    case kBroadcast:
-      return pick_for<T, kBroadcast>(g);
-    default:
-      return nullptr;
-  }
-}
-#endif
-
-bool fast_form_here() {
+Kernels<T> kernels_for(const Geometry& g) {
+  Kernels<T> k;
 #if defined(TFL_X86_AVX512)
-  return ort::have_avx512();
+  switch (g.form == 0 ? form_here() : Form::kPortable) {
+    case Form::kAvx512:
+      k.row = avx512::pick_row<T>(g), k.widen = avx512::widen<T>;
+      break;
+    case Form::kAvx2:
+      k.row = avx2::pick_row<T>(g), k.widen = avx2::widen<T>;
+      break;
+    case Form::kPortable:
+      break;
+  }
 #else
-  return false;
+  (void)g;
 #endif
+  return k;
 }
 
-// The float band of input rows one pass converts, at most (where a single output row needs
-// more, that row's band): one the caches keep while the rows that read it run. With a band of
-// the whole input (950 KB for 72 channels at 56x56) the op gained little on the compiled
-// MobileNetV3 (batch 1, 1 thread, steady, by hand: 1.094 against 1.112 ms without the op, and
-// 1.188 against 1.211); with this bound 1.092 against 1.155.
-constexpr int64_t kBandBytes = 96 * 1024;
 
-// Output rows [r0, r1) of the N * OH rows, in bands of the input rows they read.
+// Output rows [r0, r1) of the N * OH rows. Each input row is widened to floats once, into a ring
+// of the (KH - 1) * DH + 1 rows one output row reads (row ih in slot ih % that), and every
+// padding row is one row of zeros. Before, a band of input rows (at most 96 KB) per run of output
+// rows was widened afresh for each run, so a row that two runs read was widened twice: each row
+// of a 5x5 over 240 channels at 14x14 five times (its band held one output row's 5 rows), of a
+// 3x3 over 144 at 56x56 three times. By hand (one-node sessions, 1 thread, AVX-512), the 5x5
+// took 83.7 us before and 75.6 after; scripts/bench_depthwise.py times the op per shape.
 template <class T>
 void rows(const T* x, const float* w, const float* bias, const float* scale, const Geometry& g,
           int64_t r0, int64_t r1, T* y) {
-  thread_local std::vector<float> band;
-  const int64_t wp = g.w + g.pl + g.pr, ps = g.cin;
-  const bool fast = g.form == 0 && fast_form_here();
-#if defined(TFL_X86_AVX512)
-  const RowFn fast_row = fast ? pick_row<T>(g) : nullptr;  // nullptr: the plain loop
-#endif
-  // output rows per band: as many as keep the band within kBandBytes (at least one)
-  const int64_t row_bytes = wp * ps * static_cast<int64_t>(sizeof(float));
-  const int64_t band_rows = kBandBytes / std::max<int64_t>(row_bytes, 1);
-  for_each_band(r0, r1, g.oh, g.kh, g.sh, g.dh, g.pt, band_rows, [&](int64_t n, int64_t oh0,
-                                                                     int64_t oh1, int64_t ih0,
-                                                                     int64_t span) {
-    band.resize(static_cast<size_t>(span * wp * ps));
-    fill_band(x, g, n, ih0, span, fast, band.data());
-    for (int64_t oh = oh0; oh < oh1; ++oh) {
-      const float* start = band.data() + (oh - oh0) * g.sh * wp * ps;
-      T* out = y + ((n * g.oh + oh) * g.ow) * g.c;
-#if defined(TFL_X86_AVX512)
-      if (fast_row != nullptr) {
-        fast_row(start, w, bias, scale, g, out);
+  thread_local std::vector<float> ring, zeros;
+  thread_local std::vector<int64_t> held;  // the input row each slot holds, -1: none yet
+  thread_local std::vector<const float*> taps;
+  const Kernels<T> kernels = kernels_for<T>(g);
+  const int64_t row_floats = (g.w + g.pl + g.pr) * g.cin;
+  const int64_t span = (g.kh - 1) * g.dh + 1;
+  ring.resize(static_cast<size_t>(span * row_floats));
+  if (zeros.size() < static_cast<size_t>(row_floats)) {
+    zeros.assign(static_cast<size_t>(row_floats), 0.0f);  // only ever written here: all zeros
+  }
+  held.assign(static_cast<size_t>(span), -1);
+  taps.resize(static_cast<size_t>(g.kh));
+  int64_t item = -1;
+  for (int64_t r = r0; r < r1; ++r) {
+    const int64_t n = r / g.oh, oh = r % g.oh;
+    if (n != item) {  // another batch item: no slot holds its rows
+      std::fill(held.begin(), held.end(), -1);
+      item = n;
+    }
+    for (int64_t i = 0; i < g.kh; ++i) {
+      const int64_t ih = oh * g.sh - g.pt + i * g.dh;
+      if (ih < 0 || ih >= g.h) {
+        taps[i] = zeros.data();
         continue;
       }
-#endif
-      row_portable(start, w, bias, scale, g, out);
+      // the rows of one output row are `span` consecutive ones: each in its own slot
+      const int64_t slot = ih % span;
+      float* row = ring.data() + slot * row_floats;
+      if (held[slot] != ih) {
+        fill_row(x, g, n, ih, kernels.widen, row);
+        held[slot] = ih;
+      }
+      taps[i] = row;
     }
-  });
+    T* out = y + r * g.ow * g.c;
+#if defined(TFL_X86_AVX512)
+    if (kernels.row != nullptr) {
+      kernels.row(taps.data(), w, bias, scale, g, out);
+      continue;
+    }
+#endif
+    row_portable(taps.data(), w, bias, scale, g, out);
+  }
 }
 
 // Work for one piece: handing a piece to another thread costs ~2 us (ort_lookup.cpp), so a
@@ -474,7 +436,14 @@ std::vector<const ort::CustomOp*> ort::depthwise_ops() {
 uint64_t depthwise_pieces() { return ort_depthwise::g_pieces.load(std::memory_order_relaxed); }
 
 const char* depthwise_kernel() {
-  return ort_depthwise::fast_form_here() ? "avx512" : "portable";
+  switch (ort_depthwise::form_here()) {
+    case ort_depthwise::Form::kAvx512:
+      return "avx512";
+    case ort_depthwise::Form::kAvx2:
+      return "avx2";
+    default:
+      return "portable";
+  }
 }
 
 }  // namespace torch_fl

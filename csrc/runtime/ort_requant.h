@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <type_traits>
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
@@ -69,6 +70,45 @@ inline bool have_vnni() {
     __builtin_cpu_init();
     return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
            __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
+  }();
+  return have;
+}
+
+// The AVX2 form (the depthwise op's, for x86 CPUs without AVX-512): 8 channels a vector.
+#define TFL_AVX2_FMA __attribute__((target("avx2,fma")))
+
+template <class T>
+struct Requant8 {
+  __m256 lo, hi;
+  __m256i zp;
+  TFL_AVX2_FMA explicit Requant8(int64_t zp_y)
+      : lo(_mm256_set1_ps(static_cast<float>((std::is_signed<T>::value ? -128 : 0) - zp_y))),
+        hi(_mm256_set1_ps(static_cast<float>((std::is_signed<T>::value ? 127 : 255) - zp_y))),
+        zp(_mm256_set1_epi32(static_cast<int>(zp_y))) {}
+};
+
+// The accumulators of 8 channels -> the first `left` (at most 8) of their output bytes: store16's
+// arithmetic, then the int32s (already in the type's range) narrowed by saturating packs.
+template <class T>
+TFL_AVX2_FMA inline void store8(__m256 acc, __m256 scale, const Requant8<T>& q, int64_t left,
+                                T* out) {
+  const __m256 r = _mm256_min_ps(_mm256_max_ps(_mm256_mul_ps(acc, scale), q.lo), q.hi);
+  const __m256i v = _mm256_add_epi32(_mm256_cvtps_epi32(r), q.zp);  // nearest even (MXCSR)
+  const __m128i w = _mm_packs_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+  const __m128i b = std::is_signed<T>::value ? _mm_packs_epi16(w, w) : _mm_packus_epi16(w, w);
+  if (left >= 8) {
+    _mm_storel_epi64(reinterpret_cast<__m128i*>(out), b);
+  } else {
+    alignas(16) uint8_t bytes[16];
+    _mm_store_si128(reinterpret_cast<__m128i*>(bytes), b);
+    std::memcpy(out, bytes, static_cast<size_t>(left));
+  }
+}
+
+inline bool have_avx2_fma() {
+  static const bool have = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
   }();
   return have;
 }

@@ -2,7 +2,8 @@
 against ONNX Runtime's own channels-last QLinearConv, byte for byte, in real sessions: strides,
 dilations, asymmetric pads, kernel sizes inside and outside the tiled forms, zero points, u8 and
 s8 weights, per-tensor and per-channel scales, with and without bias, batches, 1 and 2 threads,
-the AVX-512 form and the plain loop; then the rewrite's limits and a compiled model."""
+the fastest form here (AVX-512; AVX2 under tests/compile/test_ops_avx2.py) and the plain
+loop; then the rewrite's limits and a compiled model."""
 
 from __future__ import annotations
 
@@ -16,11 +17,10 @@ import torch
 from onnx import TensorProto, helper, numpy_helper
 
 from tests.support.sim_ops import (
-    NP,
     assert_moved_and_unchanged,
     assert_same_bytes,
     both,
-    conv_graph,
+    depthwise_qlinearconv,
     op_session,
     random_input,
 )
@@ -28,52 +28,6 @@ from torch_fl import _C
 from torch_fl.bpu.conversion.depthwise import ALIGNED_CHANNELS, OPS, candidates, rewrite_depthwise
 
 ort = pytest.importorskip("onnxruntime")
-
-
-def _qlinearconv(
-    rng: np.random.Generator,
-    shape: tuple[int, int, int, int],
-    kernel: tuple[int, int],
-    strides=(1, 1),
-    dilations=(1, 1),
-    pads=(1, 1, 1, 1),
-    x_type=TensorProto.UINT8,
-    zp_x=128,
-    zp_y=100,
-    w_type=TensorProto.INT8,
-    per_channel=True,
-    bias=True,
-    bias_scale=300,
-) -> onnx.ModelProto:
-    """One channels-last depthwise QLinearConv (com.microsoft, as ORT's optimizer writes it)
-    over an NHWC input of `shape` with random weights, scales and bias."""
-    n, h, w, c = shape
-    kh, kw = kernel
-    if w_type == TensorProto.INT8:
-        weights, w_zp = rng.integers(-127, 128, (c, 1, kh, kw)).astype(np.int8), np.int8(0)
-    else:
-        weights, w_zp = rng.integers(0, 256, (c, 1, kh, kw)).astype(np.uint8), np.uint8(128)
-    w_scale = rng.uniform(0.001, 0.02, c if per_channel else 1).astype(np.float32)
-    inits = [
-        numpy_helper.from_array(np.array(rng.uniform(0.005, 0.05), np.float32), "xs"),
-        numpy_helper.from_array(np.array(zp_x, NP[x_type]), "xz"),
-        numpy_helper.from_array(weights, "w"),
-        numpy_helper.from_array(w_scale if per_channel else w_scale.reshape(()), "ws"),
-        numpy_helper.from_array(np.full(c, w_zp) if per_channel else np.array(w_zp), "wz"),
-        numpy_helper.from_array(np.array(rng.uniform(0.002, 0.03), np.float32), "ys"),
-        numpy_helper.from_array(np.array(zp_y, NP[x_type]), "yz"),
-    ]
-    inputs = ["x", "xs", "xz", "w", "ws", "wz", "ys", "yz"]
-    if bias:
-        b = rng.integers(-bias_scale, bias_scale + 1, c).astype(np.int32)
-        inits.append(numpy_helper.from_array(b, "b"))
-        inputs.append("b")
-    node = helper.make_node(
-        "QLinearConv", inputs, ["y"], domain="com.microsoft", name="dw",
-        group=c, kernel_shape=list(kernel), strides=list(strides), dilations=list(dilations),
-        pads=list(pads), channels_last=1,
-    )  # fmt: skip
-    return conv_graph([node], inits, shape, x_type)
 
 
 CASES = {
@@ -99,7 +53,7 @@ CASES = {
 def test_op_is_qlinearconv_byte_for_byte(case, form):
     shape, kernel, strides, dilations, pads = CASES[case]
     rng = np.random.default_rng(zlib.crc32(case.encode()))
-    model = _qlinearconv(rng, shape, kernel, strides, dilations, pads)
+    model = depthwise_qlinearconv(rng, shape, kernel, strides, dilations, pads)
     rewrite = functools.partial(rewrite_depthwise, form=form, every_width=True)
     assert_same_bytes(model, shape, rewrite, "DepthwiseConvU8")
 
@@ -122,7 +76,7 @@ def test_op_is_qlinearconv_byte_for_byte(case, form):
 def test_zero_points_weight_types_and_scales(quant, form):
     rng = np.random.default_rng(7)
     shape = (2, 9, 10, 24)
-    model = _qlinearconv(rng, shape, (3, 3), **quant)
+    model = depthwise_qlinearconv(rng, shape, (3, 3), **quant)
     x_type = quant.get("x_type", TensorProto.UINT8)
     x = random_input(rng, shape, x_type)
     expected, got, ops = both(model, x, lambda m: rewrite_depthwise(m, form=form, every_width=True))
@@ -140,7 +94,7 @@ def test_split_over_two_threads_is_the_same(shape):
     batch 1) splits into pieces (kMinPieceWork, ort_depthwise.cpp): at batch 1 on 2 threads it
     ran on one while the other waited. Split, its bytes are ORT's."""
     rng = np.random.default_rng(3)
-    model = _qlinearconv(rng, shape, (3, 3), strides=(2, 2))
+    model = depthwise_qlinearconv(rng, shape, (3, 3), strides=(2, 2))
     x = random_input(rng, shape, TensorProto.UINT8)
     expected = op_session(model, 2).run(None, {"x": x})[0]
     rewritten = onnx.ModelProto()
@@ -155,11 +109,11 @@ def test_split_over_two_threads_is_the_same(shape):
 
 def test_aligned_channels_and_convs_past_the_bound_stay_onnx_runtimes():
     rng = np.random.default_rng(5)
-    aligned = _qlinearconv(rng, (1, 8, 8, ALIGNED_CHANNELS * 2), (3, 3))
+    aligned = depthwise_qlinearconv(rng, (1, 8, 8, ALIGNED_CHANNELS * 2), (3, 3))
     assert rewrite_depthwise(aligned) == 0  # ORT's kernel is the faster there
     assert rewrite_depthwise(aligned, every_width=True) == 1
     # a bias so large that an accumulator could pass 2^24: not exact in float32
-    huge = _qlinearconv(rng, (1, 8, 8, 24), (3, 3))
+    huge = depthwise_qlinearconv(rng, (1, 8, 8, 24), (3, 3))
     bias = next(i for i in huge.graph.initializer if i.name == "b")
     values = numpy_helper.to_array(bias).copy()
     values[5] = 2**24 - 1000  # channel 5's sum of |w| x 255 adds more than 1000
@@ -167,7 +121,7 @@ def test_aligned_channels_and_convs_past_the_bound_stay_onnx_runtimes():
     assert rewrite_depthwise(huge, every_width=True) == 0
     assert [n.op_type for n in huge.graph.node] == ["QLinearConv"]
     # a grouped conv with two channels per group is not depthwise
-    model = _qlinearconv(rng, (1, 8, 8, 24), (3, 3))
+    model = depthwise_qlinearconv(rng, (1, 8, 8, 24), (3, 3))
     weights = next(i for i in model.graph.initializer if i.name == "w")
     weights.CopyFrom(numpy_helper.from_array(np.zeros((24, 2, 3, 3), np.int8), "w"))
     next(a for a in model.graph.node[0].attribute if a.name == "group").i = 12
@@ -176,7 +130,7 @@ def test_aligned_channels_and_convs_past_the_bound_stay_onnx_runtimes():
 
 def test_bad_geometry_names_the_op_and_the_problem():
     rng = np.random.default_rng(1)
-    model = _qlinearconv(rng, (1, 6, 6, 24), (3, 3))
+    model = depthwise_qlinearconv(rng, (1, 6, 6, 24), (3, 3))
     rewrite_depthwise(model, every_width=True)
     geometry = next(i for i in model.graph.initializer if i.name.endswith("/geometry"))
     values = numpy_helper.to_array(geometry).copy()
@@ -186,7 +140,7 @@ def test_bad_geometry_names_the_op_and_the_problem():
     with pytest.raises(Exception, match="DepthwiseConvU8: geometry out of range"):
         session.run(None, {"x": random_input(rng, (1, 6, 6, 24), TensorProto.UINT8)})
     # an input smaller than the kernel: a clear error, not a read past the input
-    small = _qlinearconv(rng, (1, 2, 2, 24), (5, 5), pads=(0, 0, 0, 0))
+    small = depthwise_qlinearconv(rng, (1, 2, 2, 24), (5, 5), pads=(0, 0, 0, 0))
     rewrite_depthwise(small, every_width=True)
     with pytest.raises(Exception, match="smaller than the kernel"):
         op_session(small).run(None, {"x": random_input(rng, (1, 2, 2, 24), TensorProto.UINT8)})
@@ -222,8 +176,9 @@ def test_compiled_model_is_unchanged_by_the_op_and_explain_counts_it():
     torch.manual_seed(0)
     model = _Depthwise().eval()
     assert_moved_and_unchanged(
-        model, "sim_depthwise", "depthwise", "depthwise", 2, "2 depthwise int8 convs"
-    )
+        model, "sim_depthwise", "depthwise", "depthwise", 2, "2 depthwise int8 convs",
+        forms=("avx512", "avx2"),
+    )  # fmt: skip
 
 
 def _ties(xs: np.float32, ys: np.float32, count: int) -> list[tuple[np.float32, int]]:
@@ -251,7 +206,9 @@ def test_requantization_scale_is_formed_in_onnx_runtimes_order(form):
     xs, ys = np.float32(0.0173), np.float32(0.0291)
     ties = _ties(xs, ys, 8)
     channels = len(ties)
-    model = _qlinearconv(np.random.default_rng(0), (1, 1, 1, channels), (1, 1), pads=(0, 0, 0, 0))
+    model = depthwise_qlinearconv(
+        np.random.default_rng(0), (1, 1, 1, channels), (1, 1), pads=(0, 0, 0, 0)
+    )
     values = {
         "xs": np.array(xs, np.float32),
         "w": np.ones((channels, 1, 1, 1), np.int8),
@@ -300,10 +257,10 @@ def test_on_this_cpu_the_op_loads_and_computes_its_definition(case):
     """The board's check (aarch64, its own ONNX Runtime build, the plain loop): the op loads
     through the custom-op interface and both forms give the numpy definition, at 1 and 2
     threads. (Where ORT's own QLinearConv requantizes otherwise, the sim keeps ORT's kernel:
-    the op runs only where it has its AVX-512 form.)"""
+    the op runs only where it has a vector form.)"""
     shape, kernel, strides, dilations, pads = CASES[case]
     rng = np.random.default_rng(zlib.crc32(case.encode()))
-    model = _qlinearconv(rng, shape, kernel, strides, dilations, pads)
+    model = depthwise_qlinearconv(rng, shape, kernel, strides, dilations, pads)
     x = random_input(rng, shape, TensorProto.UINT8)
     for form in (0, 1):
         rewritten = onnx.ModelProto()
@@ -313,4 +270,4 @@ def test_on_this_cpu_the_op_loads_and_computes_its_definition(case):
         for threads in (1, 2):
             got = op_session(rewritten, threads).run(None, {"x": x})[0]
             np.testing.assert_array_equal(got, want)
-    assert _C._depthwise_kernel() in ("avx512", "portable")
+    assert _C._depthwise_kernel() in ("avx512", "avx2", "portable")

@@ -12,7 +12,7 @@ import numpy as np
 import onnx
 import pytest
 import torch
-from onnx import TensorProto, helper
+from onnx import TensorProto, helper, numpy_helper
 
 NP = {TensorProto.UINT8: np.uint8, TensorProto.INT8: np.int8}
 """numpy's type for each 8-bit ONNX element type."""
@@ -28,6 +28,52 @@ def conv_graph(nodes: list, inits: list, shape, x_type: int) -> onnx.ModelProto:
     return helper.make_model(
         graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)]
     )
+
+
+def depthwise_qlinearconv(
+    rng: np.random.Generator,
+    shape: tuple[int, int, int, int],
+    kernel: tuple[int, int],
+    strides=(1, 1),
+    dilations=(1, 1),
+    pads=(1, 1, 1, 1),
+    x_type=TensorProto.UINT8,
+    zp_x=128,
+    zp_y=100,
+    w_type=TensorProto.INT8,
+    per_channel=True,
+    bias=True,
+    bias_scale=300,
+) -> onnx.ModelProto:
+    """One channels-last depthwise QLinearConv (com.microsoft, as ORT's optimizer writes it)
+    over an NHWC input of `shape` with random weights, scales and bias."""
+    n, h, w, c = shape
+    kh, kw = kernel
+    if w_type == TensorProto.INT8:
+        weights, w_zp = rng.integers(-127, 128, (c, 1, kh, kw)).astype(np.int8), np.int8(0)
+    else:
+        weights, w_zp = rng.integers(0, 256, (c, 1, kh, kw)).astype(np.uint8), np.uint8(128)
+    w_scale = rng.uniform(0.001, 0.02, c if per_channel else 1).astype(np.float32)
+    inits = [
+        numpy_helper.from_array(np.array(rng.uniform(0.005, 0.05), np.float32), "xs"),
+        numpy_helper.from_array(np.array(zp_x, NP[x_type]), "xz"),
+        numpy_helper.from_array(weights, "w"),
+        numpy_helper.from_array(w_scale if per_channel else w_scale.reshape(()), "ws"),
+        numpy_helper.from_array(np.full(c, w_zp) if per_channel else np.array(w_zp), "wz"),
+        numpy_helper.from_array(np.array(rng.uniform(0.002, 0.03), np.float32), "ys"),
+        numpy_helper.from_array(np.array(zp_y, NP[x_type]), "yz"),
+    ]
+    inputs = ["x", "xs", "xz", "w", "ws", "wz", "ys", "yz"]
+    if bias:
+        b = rng.integers(-bias_scale, bias_scale + 1, c).astype(np.int32)
+        inits.append(numpy_helper.from_array(b, "b"))
+        inputs.append("b")
+    node = helper.make_node(
+        "QLinearConv", inputs, ["y"], domain="com.microsoft", name="dw",
+        group=c, kernel_shape=list(kernel), strides=list(strides), dilations=list(dilations),
+        pads=list(pads), channels_last=1,
+    )  # fmt: skip
+    return conv_graph([node], inits, shape, x_type)
 
 
 def op_session(model: onnx.ModelProto, threads: int = 1):
@@ -49,12 +95,37 @@ def random_input(rng: np.random.Generator, shape, x_type: int) -> np.ndarray:
     return rng.integers(lo, hi, shape).astype(NP[x_type])
 
 
+def exact_reference(model: onnx.ModelProto) -> onnx.ModelProto:
+    """`model`, or where this CPU's ORT u8s8 kernels add pairs in saturating int16 (no VNNI:
+    runtime/sim_kernels.py) a copy whose QLinearConvs over uint8 inputs hold their int8 weights
+    as uint8 with 128 added to weights and zero points: the same integers w - zp, through ORT's
+    u8u8 kernels, which are exact on every CPU. (Its int8-input convs are exact either way.)"""
+    from torch_fl.bpu.runtime import sim_kernels
+
+    if sim_kernels.probe("u8s8") is None:
+        return model
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    inits = {i.name: i for i in copy.graph.initializer}
+    types = {i.name: i.type.tensor_type.elem_type for i in copy.graph.input}
+    types.update({name: init.data_type for name, init in inits.items()})
+    for node in copy.graph.node:
+        if node.op_type != "QLinearConv" or types.get(node.input[0]) != TensorProto.UINT8:
+            continue
+        for name in (node.input[3], node.input[5]):  # weights, weight zero points
+            init = inits[name]
+            if init.data_type == TensorProto.INT8:
+                shifted = numpy_helper.to_array(init).astype(np.int16) + 128
+                init.CopyFrom(numpy_helper.from_array(shifted.astype(np.uint8), name))
+    return copy
+
+
 def both(
     model: onnx.ModelProto, x: np.ndarray, rewrite: Callable[[onnx.ModelProto], int], threads=1
 ) -> tuple[np.ndarray, np.ndarray, list[str]]:
-    """(ORT's output for `model`, the output once `rewrite` replaced its one node, the rewritten
-    graph's op types)."""
-    expected = op_session(model, threads).run(None, {"x": x})[0]
+    """(ORT's output for `model` (`exact_reference`), the output once `rewrite` replaced its one
+    node, the rewritten graph's op types)."""
+    expected = op_session(exact_reference(model), threads).run(None, {"x": x})[0]
     rewritten = onnx.ModelProto()
     rewritten.CopyFrom(model)
     assert rewrite(rewritten) == 1
@@ -105,19 +176,25 @@ def compiled_both_ways(
 
 
 def assert_moved_and_unchanged(
-    model: torch.nn.Module, option: str, word: str, counter: str, moved: int, phrase: str
+    model: torch.nn.Module,
+    option: str,
+    word: str,
+    counter: str,
+    moved: int,
+    phrase: str,
+    forms: tuple[str, ...] = ("avx512",),
 ) -> None:
     """`model` compiled with `option` on and off (`compiled_both_ways`, on a 2x3x32x32 input):
-    on, where the extension's AVX-512 conv form runs here, the sims' executors count `moved`
-    nodes in `counter` and explain() has one line naming `word` with `phrase`; off, none; the
-    outputs equal bit for bit either way."""
+    on, where the extension's conv ops run one of `forms` here (`_C._depthwise_kernel()`), the
+    sims' executors count `moved` nodes in `counter` and explain() has one line naming `word`
+    with `phrase`; off, none; the outputs equal bit for bit either way."""
     from torch_fl import _C
 
     torch.manual_seed(0)
     x = torch.randn(2, 3, 32, 32)
     samples = [torch.randn(2, 3, 32, 32) for _ in range(3)]
     outs, runtimes, lines = compiled_both_ways(model, x, samples, option, word)
-    fast = _C._depthwise_kernel() == "avx512"
+    fast = _C._depthwise_kernel() in forms
     assert sum(getattr(r._exec, counter) for r in runtimes[True]) == (moved if fast else 0)
     assert sum(getattr(r._exec, counter) for r in runtimes[False]) == 0
     assert len(lines[True]) == (1 if fast else 0) and not lines[False]

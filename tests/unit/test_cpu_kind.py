@@ -53,7 +53,7 @@ def test_avx2_emulation_makes_every_library_pick_avx2(tmp_path):
     assert [p.name for p in lib.parent.iterdir()] == [lib.name]  # no half-written leftovers
     emulated = _report(cpu_kind.environment("avx2"))
     assert emulated["torch"] == "AVX2"
-    assert emulated["depthwise"] == "portable" and emulated["gemv"] == "portable"
+    assert emulated["depthwise"] == "avx2" and emulated["gemv"] == "portable"
     # ONNX Runtime's AVX2 u8s8 kernels add pairs in saturating int16, as on a real AVX2 host:
     # the probe sees it, and the sim takes `mixed` (u8s8 only on Relu'd inputs)
     assert emulated["u8s8"] is not None and "saturat" in emulated["u8s8"]

@@ -191,7 +191,7 @@ class Report:
             ("narrow_convs", "sim narrow convs", "integer conv{s} with few channels as exact "
              "float convs (conversion/narrow_convs.py)"),
             ("depthwise", "sim depthwise convs", "depthwise int8 conv{s} on the extension's "
-             "AVX-512 kernel, bit-equal to ONNX Runtime's (conversion/depthwise.py)"),
+             "AVX-512 / AVX2 kernel, bit-equal to ONNX Runtime's (conversion/depthwise.py)"),
             ("grouped", "sim grouped convs", "grouped int8 conv{s} of narrow groups on the "
              "extension's AVX-512 / VNNI kernels, bit-equal to ONNX Runtime's "
              "(conversion/grouped_conv.py)"),

@@ -424,12 +424,12 @@ class BpuSettings:
         _parse_bool,
         "bool",
         "In the sim's fused integer graph, run each depthwise int8 conv whose channel count ONNX "
-        "Runtime's AVX-512 kernel handles slowly (not a multiple of 16), and each grouped int8 "
-        "conv of groups 2 to 16 channels wide (which ORT runs as one small GEMM a group), on the "
+        "Runtime's kernels handle slowly (not a multiple of 16), and each grouped int8 conv of "
+        "groups 2 to 16 channels wide (which ORT runs as one small GEMM a group), on the "
         "extension's own ops: exact float multiply-adds over the integers, or AVX512-VNNI byte "
         "dot products into QLinearConv's own int32, then ORT's requantization, so the bytes are "
-        "QLinearConv's (conversion/depthwise.py, grouped_conv.py). Only where the CPU has "
-        "AVX-512. Also each 8-bit GEMM of one row (a classifier at batch 1) on AVX512-VNNI byte "
+        "QLinearConv's (conversion/depthwise.py, grouped_conv.py). The depthwise ones where the "
+        "CPU has AVX-512 or AVX2, the grouped ones where it has AVX-512. Also each 8-bit GEMM of one row (a classifier at batch 1) on AVX512-VNNI byte "
         "dot products split over the session's threads, QGemm's bytes (conversion/gemv.py), "
         "and each 8-bit max pool ONNX Runtime leaves channels-first (its generic loop) on the "
         "extension's pool op, on every CPU (conversion/max_pool.py). False: ONNX Runtime's "

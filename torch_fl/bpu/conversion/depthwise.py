@@ -17,9 +17,10 @@ per channel; a conv beyond it stays ORT's), then ORT's own requantization with i
 The result is QLinearConv's byte for byte (tests/compile/test_depthwise.py holds them equal
 over strides, dilations, pads, zero points, weight types and batch).
 
-Only where the op has its AVX-512 form (`torch_fl._C._depthwise_kernel() == "avx512"`): the
+Only where the op has a vector form (`torch_fl._C._depthwise_kernel()` "avx512" or "avx2"): the
 plain loop it falls back to elsewhere is exact but no faster than ORT's kernel; the executor
-asks (runtime/executors.py) and explain() says which.
+asks (runtime/executors.py) and explain() says which. ORT's AVX2 kernel is slow on the same
+channel counts (scripts/bench_depthwise.py, docs/compile.md), so one rule serves both forms.
 """
 
 from __future__ import annotations

@@ -72,19 +72,21 @@ def session_graph(
     narrow: bool = False,
     dot: bool = False,
     pools: bool = False,
+    grouped: bool | None = None,
 ) -> SessionGraph:
     """ORT's optimized form of the integer graph `model` (without the optimizers in `disabled`)
     with its elementwise chains as lookups where `lookups` (a float lookup and the mean over it
     as one op: conversion/lookup_mean.py), its depthwise convs as DepthwiseConv and its
-    grouped convs of narrow groups as GroupedConv where `depthwise` (the float ops' AVX-512
-    form), as GroupedDotConv where `dot` (AVX512-VNNI) and that op takes them, its convs over
+    grouped convs of narrow groups as GroupedConv where `grouped` (None: as `depthwise`; the
+    executor asks for it only where the float op has its AVX-512 form), as GroupedDotConv where `dot` (AVX512-VNNI) and that op takes them, its convs over
     few input channels as NarrowConv where `narrow`, its channels-first 8-bit max pools as
     MaxPool where `pools`, its 8-bit concats as ConcatLookup where `lookups`, and its one-row
     8-bit GEMMs as Gemv where `dot`. No ORT pass is spent where no rewrite has anything to
     replace."""
     want_lookups = lookups and has_chains(model)
     want_depthwise = depthwise and candidates(model) > 0
-    want_grouped = (depthwise or dot) and grouped_candidates(model) > 0
+    floats = depthwise if grouped is None else grouped
+    want_grouped = (floats or dot) and grouped_candidates(model) > 0
     want_narrow = narrow and narrow_candidates(model) > 0
     want_pools = pools and pool_candidates(model) > 0
     want_concats = lookups and concat_candidates(model) > 0
@@ -105,7 +107,7 @@ def session_graph(
         fuse_means(optimized, reduce_shapes(shapes())) if n_lookups and pairs(optimized) else 0
     )
     n_depthwise = rewrite_depthwise(optimized) if want_depthwise else 0
-    n_grouped = rewrite_grouped(optimized, dot=dot, floats=depthwise) if want_grouped else 0
+    n_grouped = rewrite_grouped(optimized, dot=dot, floats=floats) if want_grouped else 0
     n_narrow = rewrite_narrow(optimized) if want_narrow else 0
     n_pools = rewrite_max_pools(optimized) if want_pools else 0
     # last: a concat folds in the lookups above that feed it

@@ -63,9 +63,11 @@ def lookup_library() -> str | None:
 
 
 def depthwise_kernel() -> str:
-    """Which form the extension's DepthwiseConv op runs here: "avx512" or "portable"
-    (csrc/runtime/ort_depthwise.cpp). The sim uses the op only in its AVX-512 form: the plain
-    loop is exact but no faster than ORT's own kernel (conversion/depthwise.py)."""
+    """Which form the extension's DepthwiseConv op runs here: "avx512", "avx2" or "portable"
+    (csrc/runtime/ort_depthwise.cpp). The sim uses the op only in a vector form, and its
+    GroupedConv op only in the AVX-512 one (the group shapes it takes are laid out for 16 lanes:
+    conversion/grouped_conv.py); the plain loop is exact but no faster than ORT's own kernel
+    (conversion/depthwise.py)."""
     from torch_fl import _C
 
     return _C._depthwise_kernel()
@@ -134,7 +136,8 @@ class SimExecutor:
         where this ONNX Runtime can load the lookup ops; `depthwise`: its depthwise int8 convs
         as the extension's DepthwiseConv op (conversion/depthwise.py), its grouped convs of
         narrow groups as GroupedConv or GroupedDotConv (conversion/grouped_conv.py), where those
-        ops have their AVX-512 / AVX512-VNNI form here; `narrow`: its convs over few input channels as the NarrowConv op
+        ops have a vector form here (DepthwiseConv: AVX-512 or AVX2; GroupedConv: AVX-512;
+        GroupedDotConv: AVX512-VNNI); `narrow`: its convs over few input channels as the NarrowConv op
         (conversion/narrow_op.py) where that op has its VNNI form here, else as exact float
         convs (conversion/narrow_convs.py)."""
         self.kernels = kernels or KernelChoice("float", "float Q/DQ")
@@ -173,12 +176,14 @@ class SimExecutor:
                     onnx_bytes, self.kernels.path, self.float_narrow
                 )
                 if ops:
-                    fast_depthwise = depthwise and depthwise_kernel() == "avx512"
+                    form = depthwise_kernel()
+                    fast_depthwise = depthwise and form != "portable"
                     dot = depthwise and narrow_kernel() == "vnni"  # AVX512-VNNI's grouped convs
                     # the pool op's plain loop beats ORT's channels-first byte pool too
                     self._open_rewritten(
-                        model, lookups, fast_depthwise, fast_narrow, dot, pools=depthwise
-                    )
+                        model, lookups, fast_depthwise, fast_narrow, dot, pools=depthwise,
+                        grouped=depthwise and form == "avx512",
+                    )  # fmt: skip
                 if not self._rewritten():
                     self._open_session(model.SerializeToString(), fused=True)
             except Exception as exc:  # noqa: BLE001  (any rejection: the float path is exact)
@@ -227,13 +232,16 @@ class SimExecutor:
         narrow: bool,
         dot: bool,
         pools: bool = False,
+        grouped: bool = False,
     ) -> None:
         """Open the session on ORT's optimized form of the fused graph `model` with the
         extension's ops in it (conversion/session_graph.py); where it has nothing to replace or
         that fails, `self.lookups`, `self.depthwise`, `self.grouped`, `self.narrow_ops`,
         `self.pools` and `self.concats` stay 0 and ORT's own ops run it all (the same numbers)."""
         try:
-            graph = session_graph(model, UNFUSED, lookups, depthwise, narrow, dot, pools)
+            graph = session_graph(
+                model, UNFUSED, lookups, depthwise, narrow, dot, pools, grouped=grouped
+            )
             if graph.data is not None:
                 self.lookups, self.depthwise = graph.lookups, graph.depthwise
                 self.narrow_ops, self.lookup_means = graph.narrow, graph.means
