@@ -57,6 +57,7 @@ from torch_fl.bpu.conversion.depthwise import OPS as DEPTHWISE_OPS  # noqa: E402
 from torch_fl.bpu.conversion.grouped_conv import DOT_OPS as GROUPED_DOT_OPS  # noqa: E402
 from torch_fl.bpu.conversion.grouped_conv import OPS as GROUPED_OPS  # noqa: E402
 from torch_fl.bpu.conversion.max_pool import OPS as POOL_OPS  # noqa: E402
+from torch_fl.bpu.conversion.narrow_op import MAX_OUTPUTS_BY_FORM  # noqa: E402
 from torch_fl.bpu.conversion.narrow_op import OPS as NARROW_OPS  # noqa: E402
 from torch_fl.bpu.runtime import sim_threads  # noqa: E402
 from torch_fl.bpu.runtime.executors import (  # noqa: E402
@@ -290,6 +291,7 @@ def _fused_counts(runtime, threads: int, tmp: Path) -> dict:
     rewritten = session_graph(
         graph, UNFUSED, bool(lookups or concats), convs, bool(narrow), dot, bool(pools),
         grouped=convs and depthwise_kernel() == "avx512",
+        narrow_outputs=MAX_OUTPUTS_BY_FORM.get(narrow_kernel(), 0),
     ).data  # fmt: skip
     if rewritten is not None:  # the executor's own graph: ORT's optimized form with our ops
         nodes = onnx.load_from_string(rewritten).graph.node

@@ -129,7 +129,7 @@ def check(kind: str) -> str:
     from torch_fl import _C
 
     torch_isa = torch.backends.cpu.get_cpu_capability()
-    ours, lookups = _C._depthwise_kernel(), _C._lookup_kernel()
+    ours, lookups, narrow = _C._depthwise_kernel(), _C._lookup_kernel(), _C._narrow_kernel()
     if os.environ.get(MARK) != kind or torch_isa != "AVX2" or ours == "avx512":
         raise RuntimeError(
             f"the {kind} emulation did not take: PyTorch runs {torch_isa}, the extension's "
@@ -137,6 +137,6 @@ def check(kind: str) -> str:
         )
     return (
         f"{kind}, emulated (CPUID masked): PyTorch {torch_isa}, the extension's lookups "
-        f"{lookups}, its depthwise op {ours}, its grouped / narrow / one-row GEMM ops off (no "
-        "AVX-512)"
+        f"{lookups}, its depthwise op {ours}, its narrow conv op {narrow}, its grouped and "
+        "one-row GEMM ops off (no AVX-512)"
     )

@@ -139,7 +139,8 @@ struct V512 {
                             _mm512_set1_epi32(~static_cast<int32_t>(gw - 1)));
   }
   TFL_AVX512 static Reg permute(Index starts, int64_t k, Reg v) {
-    return _mm512_permutexvar_ps(_mm512_add_epi32(starts, _mm512_set1_epi32(static_cast<int32_t>(k))), v);
+    const __m512i at = _mm512_add_epi32(starts, _mm512_set1_epi32(static_cast<int32_t>(k)));
+    return _mm512_permutexvar_ps(at, v);
   }
   template <class T>
   TFL_AVX512 static void store(Reg acc, Reg s, const Requant<T>& q, Mask m, T* out) {
@@ -169,11 +170,7 @@ struct V256 {
   template <class T>
   using Requant = ort::Requant8<T>;
 
-  TFL_AVX2_FMA static Mask mask(int64_t left) {
-    const int32_t n = static_cast<int32_t>(std::min<int64_t>(left, 8));
-    return {_mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)),
-            left};
-  }
+  TFL_AVX2_FMA static Mask mask(int64_t left) { return {lanes8(left), left}; }
   TFL_AVX2_FMA static Reg load(const Mask& m, const float* p) {
     return _mm256_maskload_ps(p, m.lanes);  // masked lanes read as 0 and never fault
   }
@@ -185,7 +182,8 @@ struct V256 {
                             _mm256_set1_epi32(~static_cast<int32_t>(gw - 1)));
   }
   TFL_AVX2_FMA static Reg permute(Index starts, int64_t k, Reg v) {
-    return _mm256_permutevar8x32_ps(v, _mm256_add_epi32(starts, _mm256_set1_epi32(static_cast<int32_t>(k))));
+    const __m256i at = _mm256_add_epi32(starts, _mm256_set1_epi32(static_cast<int32_t>(k)));
+    return _mm256_permutevar8x32_ps(v, at);
   }
   template <class T>
   TFL_AVX2_FMA static void store(Reg acc, Reg s, const Requant<T>& q, const Mask& m, T* out) {
@@ -267,7 +265,7 @@ Kernels<T> kernels_for(const Geometry& g) {
 // rows was widened afresh for each run, so a row that two runs read was widened twice: each row
 // of a 5x5 over 240 channels at 14x14 five times (its band held one output row's 5 rows), of a
 // 3x3 over 144 at 56x56 three times. By hand (one-node sessions, 1 thread, AVX-512), the 5x5
-// took 83.7 us before and 75.6 after; scripts/bench_depthwise.py times the op per shape.
+// took 83.7 us before and 75.6 after; scripts/bench_conv_ops.py times the op per shape.
 template <class T>
 void rows(const T* x, const float* w, const float* bias, const float* scale, const Geometry& g,
           int64_t r0, int64_t r1, T* y) {

@@ -1,5 +1,6 @@
 // 8-bit convolution over few input channels (an image stem) for the sim executor's ONNX Runtime
-// sessions, bit-equal to ONNX Runtime's own QLinearConv, on AVX512-VNNI's byte dot products.
+// sessions, bit-equal to ONNX Runtime's own QLinearConv, on AVX512-VNNI's byte dot products (or
+// AVX2's 16-bit ones: row_avx2).
 //
 // ONNX Runtime runs an int8 conv as im2col rows against packed weights. With 3 input channels
 // most of each row is padding: MobileNetV3's 3x3 stem from 3 to 16 channels took 226 us at batch
@@ -23,7 +24,7 @@
 //               x zero point, y zero point, CO, layout, form (0: the fastest form here; 1: the
 //               plain loop, for tests that compare the two)
 //     y         [N, OH, OW, CO] of x's type (channels last)
-// conversion/narrow_op.py writes it where the CPU has AVX512-VNNI (`_narrow_kernel()`).
+// conversion/narrow_op.py writes it where the CPU has AVX512-VNNI or AVX2 (`_narrow_kernel()`).
 #include "runtime/ort_narrow.h"
 
 #include "runtime/ort_kernel.h"
@@ -90,27 +91,65 @@ TFL_AVX512 int64_t words_of(const T* const* plane, int64_t w, uint32_t pad, uint
   return iw;
 }
 
+// words_of in 8 lanes, for the AVX2 form.
+template <class T, int C>
+TFL_AVX2_FMA int64_t words_of8(const T* const* plane, int64_t w, uint32_t pad, uint32_t* dst) {
+  const __m256i flip = _mm256_set1_epi32(std::is_signed<T>::value ? 0x80 : 0);
+  const __m256i rest = _mm256_set1_epi32(static_cast<int>(
+      C >= kLanes ? 0u : pad & ~((1u << (8 * C)) - 1u)));
+  int64_t iw = 0;
+  for (; iw + 8 <= w; iw += 8) {
+    __m256i word = rest;
+#pragma GCC unroll 4
+    for (int ci = 0; ci < C; ++ci) {
+      const __m128i bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(plane[ci] + iw));
+      const __m256i v = _mm256_xor_si256(_mm256_cvtepu8_epi32(bytes), flip);  // int8: + 128
+      word = _mm256_or_si256(word, _mm256_slli_epi32(v, 8 * ci));
+    }
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + iw), word);
+  }
+  return iw;
+}
+
+// The vector form's words of an NCHW row (its first pixels; the rest: the caller's loop).
 template <class T>
-int64_t words_avx512(const T* const* plane, int64_t c, int64_t w, uint32_t pad, uint32_t* dst) {
+int64_t words_fast(bool avx512, const T* const* plane, int64_t c, int64_t w, uint32_t pad,
+                   uint32_t* dst) {
   switch (c) {
     case 1:
-      return words_of<T, 1>(plane, w, pad, dst);
+      return avx512 ? words_of<T, 1>(plane, w, pad, dst) : words_of8<T, 1>(plane, w, pad, dst);
     case 2:
-      return words_of<T, 2>(plane, w, pad, dst);
+      return avx512 ? words_of<T, 2>(plane, w, pad, dst) : words_of8<T, 2>(plane, w, pad, dst);
     case 3:
-      return words_of<T, 3>(plane, w, pad, dst);
+      return avx512 ? words_of<T, 3>(plane, w, pad, dst) : words_of8<T, 3>(plane, w, pad, dst);
     default:
-      return words_of<T, 4>(plane, w, pad, dst);
+      return avx512 ? words_of<T, 4>(plane, w, pad, dst) : words_of8<T, 4>(plane, w, pad, dst);
   }
 }
 #endif
+
+// The form the op's fastest setting (geometry form 0) runs on this CPU: AVX512-VNNI's byte dot
+// products, else AVX2's 16-bit ones (vpmaddwd), else the plain loop.
+enum class Form { kPortable, kAvx2, kVnni };
+
+Form form_here() {
+#if defined(TFL_X86_AVX512)
+  if (have_vnni()) {
+    return Form::kVnni;
+  }
+  if (have_avx2_fma()) {
+    return Form::kAvx2;
+  }
+#endif
+  return Form::kPortable;
+}
 
 // Input rows [ih0, ih0 + rows) of batch item `n` as 32-bit words of 4 channel bytes, in a band
 // of rows of `wp` = W + pads pixels; padding (and rows outside the input) read the zero point.
 // Channels past C read the zero point too (their weights are zero).
 template <class T>
 void fill_band(const T* x, const Geometry& g, int64_t n, int64_t ih0, int64_t rows,
-               [[maybe_unused]] bool fast, uint32_t* band) {
+               [[maybe_unused]] Form form, uint32_t* band) {
   const int64_t wp = g.w + g.pl + g.pr;
   const uint32_t zp = static_cast<uint32_t>(unsigned_zp<T>(g.zp_x));
   const uint32_t pad = zp * 0x01010101u;
@@ -142,8 +181,8 @@ void fill_band(const T* x, const Geometry& g, int64_t n, int64_t ih0, int64_t ro
     }
     int64_t iw = 0;
 #if defined(TFL_X86_AVX512)
-    if (fast) {
-      iw = words_avx512<T>(plane, g.c, g.w, pad, dst);
+    if (form != Form::kPortable) {
+      iw = words_fast<T>(form == Form::kVnni, plane, g.c, g.w, pad, dst);
     }
 #endif
     for (; iw < g.w; ++iw) {
@@ -281,15 +320,99 @@ RowFn pick_row(const Geometry& g) {
   const int64_t block = g.co16 / 16 - 1;
   return g.sw == 1 ? kRows<T, 1>[block] : g.sw == 2 ? kRows<T, 2>[block] : kRows<T, 0>[block];
 }
-#endif
 
-bool fast_form_here() {
-#if defined(TFL_X86_AVX512)
-  return have_vnni();
-#else
-  return false;
-#endif
+// The AVX2 form, for x86 CPUs without AVX512-VNNI: `vpmaddubsw`'s pairs of byte products would
+// saturate in int16 (255 x 128 x 2 > 32767, as ONNX Runtime's own AVX2 u8s8 kernels do), so
+// the input word's 4 bytes are widened to 16 bits, repeated across the register (a 32-bit
+// broadcast, then a zero-extension of its 16 bytes), and `vpmaddwd` multiplies them with 4
+// output channels' 4 weights (w16: the weights sign-extended to 16 bits, as laid out) into two
+// exact int32 pair sums a channel. After the taps, a horizontal add joins each channel's two
+// sums; the bias correction, added last, gives the same wrapped int32 as the VNNI form.
+template <int P>
+TFL_AVX2_FMA inline void taps_avx2(const uint32_t* band, int64_t wp, const int16_t* w16,
+                                   const Geometry& g, int64_t b, int64_t ow, __m256i (&acc)[P][4]) {
+  const int64_t sw = g.sw, taps_stride = g.co16 * kLanes;
+  for (int64_t i = 0; i < g.kh; ++i) {
+    const uint32_t* row = band + (i * g.dh) * wp + ow * sw;
+    for (int64_t j = 0; j < g.kw; ++j) {
+      const __m256i* wt =
+          reinterpret_cast<const __m256i*>(w16 + (i * g.kw + j) * taps_stride + b * 16 * kLanes);
+      const uint32_t* px = row + j * g.dw;
+#pragma GCC unroll 4
+      for (int o = 0; o < P; ++o) {
+        const __m256i x = _mm256_cvtepu8_epi16(_mm_set1_epi32(static_cast<int>(px[o * sw])));
+#pragma GCC unroll 4
+        for (int k = 0; k < 4; ++k) {
+          acc[o][k] = _mm256_add_epi32(acc[o][k], _mm256_madd_epi16(x, _mm256_loadu_si256(wt + k)));
+        }
+      }
+    }
+  }
 }
+
+// The 4 registers of a block's pair sums -> its 16 channels' int32s in order, in two registers.
+TFL_AVX2_FMA inline void join_pairs(const __m256i (&acc)[4], __m256i* lo, __m256i* hi) {
+  // hadd(a, b) per 128-bit lane: a's two channels, then b's; 0xD8 puts the quads in order
+  *lo = _mm256_permute4x64_epi64(_mm256_hadd_epi32(acc[0], acc[1]), 0xD8);
+  *hi = _mm256_permute4x64_epi64(_mm256_hadd_epi32(acc[2], acc[3]), 0xD8);
+}
+
+template <class T>
+TFL_AVX2_FMA void row_avx2(const uint32_t* band, const int16_t* w16, const int32_t* corr,
+                           const float* scale, const Geometry& g, T* out) {
+  constexpr int P = 2;  // 8 accumulators, 2 inputs and a weight: 11 of the 16 registers
+  const int64_t wp = g.w + g.pl + g.pr, co = g.co;
+  const Requant8<T> q(g.zp_y);
+  for (int64_t b = 0; b < g.co16 / 16; ++b) {
+    const int64_t c0 = 16 * b, left = co - c0;  // this block's channels: left, at most 16
+    const __m256i m0 = lanes8(left), m1 = lanes8(left - 8);
+    const __m256i c_lo = _mm256_maskload_epi32(corr + c0, m0);
+    const __m256i c_hi = _mm256_maskload_epi32(corr + c0 + 8, m1);
+    const __m256 s_lo = _mm256_maskload_ps(scale + c0, m0);
+    const __m256 s_hi = _mm256_maskload_ps(scale + c0 + 8, m1);
+    for (int64_t ow = 0; ow < g.ow;) {
+      const int count = g.ow - ow >= P ? P : 1;
+      __m256i acc[P][4];
+#pragma GCC unroll 4
+      for (int o = 0; o < P; ++o) {
+#pragma GCC unroll 4
+        for (int k = 0; k < 4; ++k) {
+          acc[o][k] = _mm256_setzero_si256();
+        }
+      }
+      if (count == P) {
+        taps_avx2<P>(band, wp, w16, g, b, ow, acc);
+      } else {
+        taps_avx2<1>(band, wp, w16, g, b, ow, reinterpret_cast<__m256i(&)[1][4]>(acc));
+      }
+      for (int o = 0; o < count; ++o) {
+        __m256i lo, hi;
+        join_pairs(acc[o], &lo, &hi);
+        T* dst = out + (ow + o) * co + c0;
+        const __m256 a_lo = _mm256_cvtepi32_ps(_mm256_add_epi32(lo, c_lo));
+        store8(a_lo, s_lo, q, std::min<int64_t>(left, 8), dst);
+        if (left > 8) {
+          const __m256 a_hi = _mm256_cvtepi32_ps(_mm256_add_epi32(hi, c_hi));
+          store8(a_hi, s_hi, q, std::min<int64_t>(left - 8, 8), dst + 8);
+        }
+      }
+      ow += count;
+    }
+  }
+}
+
+// The weights sign-extended to 16 bits, in their layout (the AVX2 form's operand).
+TFL_AVX2_FMA void widen_weights(const int8_t* w, int64_t count, int16_t* dst) {
+  int64_t i = 0;
+  for (; i + 16 <= count; i += 16) {
+    const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w + i));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i), _mm256_cvtepi8_epi16(bytes));
+  }
+  for (; i < count; ++i) {
+    dst[i] = w[i];
+  }
+}
+#endif
 
 // Output channels the fast form handles (four blocks of 16: conversion/narrow_op.py's bound).
 constexpr int64_t kMaxOutputs = 64;
@@ -304,24 +427,32 @@ void rows(const T* x, const int8_t* w, const int32_t* corr, const float* scale,
           const Geometry& g, int64_t r0, int64_t r1, T* y) {
   thread_local std::vector<uint32_t> band;
   const int64_t wp = g.w + g.pl + g.pr;
-  const bool fast = g.form == 0 && fast_form_here();
+  const Form form = g.form == 0 ? form_here() : Form::kPortable;
 #if defined(TFL_X86_AVX512)
-  const RowFn fast_row = fast ? pick_row<T>(g) : nullptr;
-#else
-  (void)fast;  // the plain loop is the only form here
+  const RowFn vnni_row = form == Form::kVnni ? pick_row<T>(g) : nullptr;
+  thread_local std::vector<int16_t> w16;
+  if (form == Form::kAvx2) {
+    const int64_t count = g.kh * g.kw * g.co16 * kLanes;
+    w16.resize(static_cast<size_t>(count));
+    widen_weights(w, count, w16.data());
+  }
 #endif
   const int64_t band_rows = kBandBytes / std::max<int64_t>(wp * 4, 1);
   for_each_band(r0, r1, g.oh, g.kh, g.sh, g.dh, g.pt, band_rows, [&](int64_t n, int64_t oh0,
                                                                      int64_t oh1, int64_t ih0,
                                                                      int64_t span) {
     band.resize(static_cast<size_t>(span * wp));
-    fill_band(x, g, n, ih0, span, fast, band.data());
+    fill_band(x, g, n, ih0, span, form, band.data());
     for (int64_t oh = oh0; oh < oh1; ++oh) {
       const uint32_t* start = band.data() + (oh - oh0) * g.sh * wp;
       T* out = y + ((n * g.oh + oh) * g.ow) * g.co;
 #if defined(TFL_X86_AVX512)
-      if (fast) {
-        fast_row(start, w, corr, scale, g, out);
+      if (form == Form::kVnni) {
+        vnni_row(start, w, corr, scale, g, out);
+        continue;
+      }
+      if (form == Form::kAvx2) {
+        row_avx2(start, w16.data(), corr, scale, g, out);
         continue;
       }
 #endif
@@ -440,7 +571,14 @@ std::vector<const ort::CustomOp*> ort::narrow_ops() {
 }
 
 const char* narrow_kernel() {
-  return ort_narrow::fast_form_here() ? "vnni" : "portable";
+  switch (ort_narrow::form_here()) {
+    case ort_narrow::Form::kVnni:
+      return "vnni";
+    case ort_narrow::Form::kAvx2:
+      return "avx2";
+    default:
+      return "portable";
+  }
 }
 
 }  // namespace torch_fl

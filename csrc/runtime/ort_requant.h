@@ -105,6 +105,13 @@ TFL_AVX2_FMA inline void store8(__m256 acc, __m256 scale, const Requant8<T>& q, 
   }
 }
 
+// The lanes of a block of 8 channels that `left` channels fill (none where left <= 0), as a
+// vector mask for _mm256_maskload_*.
+TFL_AVX2_FMA inline __m256i lanes8(int64_t left) {
+  const int n = static_cast<int>(std::max<int64_t>(0, std::min<int64_t>(left, 8)));
+  return _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
 inline bool have_avx2_fma() {
   static const bool have = [] {
     __builtin_cpu_init();

@@ -82,7 +82,7 @@ def bench(c: Context, json: str | None = None, quick: bool = False) -> None:
          " --iters 3 --no-inductor --no-pt2e --calib-samples 4 --json out/quick/bench_sim.json"
          if quick
          else " --json out/bench_sim.json"),
-        ("bench_depthwise.py", None if quick else " --json out/bench_depthwise.json"),
+        ("bench_conv_ops.py", None if quick else " --json out/bench_conv_ops.json"),
         ("bench_public_zoo.py", None if quick else " --json out/bench_public_zoo.json"),
         ("bench_trained.py", None if quick else " --json out/bench_trained.json"),
     ]  # fmt: skip

@@ -3,7 +3,8 @@ ONNX Runtime's own channels-last QLinearConv, byte for byte, in real sessions: 1
 channels, 1 to 64 outputs (whole and partial blocks of 16), strides, dilations, asymmetric pads,
 kernels, zero points, u8 and s8 weights, per-tensor and per-channel scales, biases up to int32's
 range, NHWC inputs and NCHW ones read through the transpose it absorbs, batches, 1 and 2 threads,
-the VNNI form and the plain loop; then the rewrite's limits, bad input and a compiled model."""
+the fastest form here (VNNI; AVX2 under tests/compile/test_ops_avx2.py) and the plain loop; then
+the rewrite's limits, bad input and a compiled model."""
 
 from __future__ import annotations
 
@@ -16,11 +17,11 @@ import torch
 from onnx import TensorProto, helper, numpy_helper
 
 from tests.support.sim_ops import (
-    NP,
     assert_same_bytes,
     both,
     compiled_both_ways,
-    conv_graph,
+    exact_reference,
+    narrow_qlinearconv,
     op_session,
     random_input,
 )
@@ -28,68 +29,13 @@ from torch_fl import _C
 from torch_fl.bpu.conversion.narrow_op import (
     MAX_INPUTS,
     MAX_OUTPUTS,
+    MAX_OUTPUTS_BY_FORM,
     OPS,
     candidates,
     rewrite_narrow,
 )
 
 ort = pytest.importorskip("onnxruntime")
-
-
-def _qlinearconv(
-    rng: np.random.Generator,
-    shape: tuple[int, int, int, int],
-    outputs: int,
-    kernel: tuple[int, int],
-    strides=(1, 1),
-    dilations=(1, 1),
-    pads=(1, 1, 1, 1),
-    x_type=TensorProto.UINT8,
-    zp_x=128,
-    zp_y=100,
-    w_type=TensorProto.INT8,
-    per_channel=True,
-    bias=True,
-    bias_scale=3000,
-    nchw=False,
-) -> onnx.ModelProto:
-    """One channels-last QLinearConv (com.microsoft, as ORT's optimizer writes it) over an input
-    of `shape` (NHWC; with `nchw`, an NCHW input and the Transpose ORT puts before such a conv)
-    with random weights, scales and bias."""
-    if nchw:
-        n, c, h, w = shape
-    else:
-        n, h, w, c = shape
-    kh, kw = kernel
-    if w_type == TensorProto.INT8:
-        weights, w_zp = rng.integers(-127, 128, (outputs, c, kh, kw)).astype(np.int8), np.int8(0)
-    else:
-        weights, w_zp = rng.integers(0, 256, (outputs, c, kh, kw)).astype(np.uint8), np.uint8(128)
-    w_scale = rng.uniform(0.0005, 0.01, outputs if per_channel else 1).astype(np.float32)
-    inits = [
-        numpy_helper.from_array(np.array(rng.uniform(0.005, 0.05), np.float32), "xs"),
-        numpy_helper.from_array(np.array(zp_x, NP[x_type]), "xz"),
-        numpy_helper.from_array(weights, "w"),
-        numpy_helper.from_array(w_scale if per_channel else w_scale.reshape(()), "ws"),
-        numpy_helper.from_array(np.full(outputs, w_zp) if per_channel else np.array(w_zp), "wz"),
-        numpy_helper.from_array(np.array(rng.uniform(0.01, 0.1), np.float32), "ys"),
-        numpy_helper.from_array(np.array(zp_y, NP[x_type]), "yz"),
-    ]
-    source = "x_nhwc" if nchw else "x"
-    inputs = [source, "xs", "xz", "w", "ws", "wz", "ys", "yz"]
-    if bias:
-        b = rng.integers(-bias_scale, bias_scale + 1, outputs).astype(np.int32)
-        inits.append(numpy_helper.from_array(b, "b"))
-        inputs.append("b")
-    nodes = [helper.make_node("Transpose", ["x"], ["x_nhwc"], perm=[0, 2, 3, 1])] if nchw else []
-    nodes.append(
-        helper.make_node(
-            "QLinearConv", inputs, ["y"], domain="com.microsoft", name="conv",
-            kernel_shape=list(kernel), strides=list(strides), dilations=list(dilations),
-            pads=list(pads), channels_last=1,
-        )
-    )  # fmt: skip
-    return conv_graph(nodes, inits, shape, x_type)
 
 
 CASES = {
@@ -118,7 +64,7 @@ CASES = {
 def test_op_is_qlinearconv_byte_for_byte(case, form):
     shape, nchw, outputs, kernel, strides, dilations, pads = CASES[case]
     rng = np.random.default_rng(zlib.crc32(case.encode()))
-    model = _qlinearconv(rng, shape, outputs, kernel, strides, dilations, pads, nchw=nchw)
+    model = narrow_qlinearconv(rng, shape, outputs, kernel, strides, dilations, pads, nchw=nchw)
     # one node: the transpose, where there was one, is gone
     assert_same_bytes(model, shape, lambda m: rewrite_narrow(m, form=form), "NarrowConvU8")
 
@@ -143,7 +89,7 @@ def test_zero_points_weight_types_and_scales(quant, form):
     rng = np.random.default_rng(7)
     nchw = quant.get("nchw", False)
     shape = (2, 3, 9, 21) if nchw else (2, 9, 21, 3)
-    model = _qlinearconv(rng, shape, 16, (3, 3), **quant)
+    model = narrow_qlinearconv(rng, shape, 16, (3, 3), **quant)
     x_type = quant.get("x_type", TensorProto.UINT8)
     x = random_input(rng, shape, x_type)
     expected, got, ops = both(model, x, lambda m: rewrite_narrow(m, form=form))
@@ -154,7 +100,7 @@ def test_zero_points_weight_types_and_scales(quant, form):
 def test_split_over_two_threads_is_the_same():
     rng = np.random.default_rng(3)
     shape = (3, 3, 64, 64)  # enough work for several pieces (kMinPieceWork)
-    model = _qlinearconv(rng, shape, 24, (3, 3), strides=(2, 2), nchw=True)
+    model = narrow_qlinearconv(rng, shape, 24, (3, 3), strides=(2, 2), nchw=True)
     x = random_input(rng, shape, TensorProto.UINT8)
     expected, got, _ = both(model, x, lambda m: rewrite_narrow(m, form=0), threads=2)
     np.testing.assert_array_equal(got, expected)
@@ -162,16 +108,16 @@ def test_split_over_two_threads_is_the_same():
 
 def test_wide_grouped_and_out_of_range_convs_stay_onnx_runtimes():
     rng = np.random.default_rng(5)
-    wide = _qlinearconv(rng, (1, 6, 6, MAX_INPUTS + 1), 16, (3, 3))
+    wide = narrow_qlinearconv(rng, (1, 6, 6, MAX_INPUTS + 1), 16, (3, 3))
     assert rewrite_narrow(wide) == 0
-    many = _qlinearconv(rng, (1, 6, 6, 3), MAX_OUTPUTS + 16, (3, 3))
+    many = narrow_qlinearconv(rng, (1, 6, 6, 3), MAX_OUTPUTS + 16, (3, 3))
     assert rewrite_narrow(many) == 0
     # u8 weights whose zero point leaves w - zp outside int8 (vpdpbusd's signed operand)
-    far = _qlinearconv(rng, (1, 6, 6, 3), 16, (3, 3), w_type=TensorProto.UINT8)
+    far = narrow_qlinearconv(rng, (1, 6, 6, 3), 16, (3, 3), w_type=TensorProto.UINT8)
     zero = next(i for i in far.graph.initializer if i.name == "wz")
     zero.CopyFrom(numpy_helper.from_array(np.zeros(16, np.uint8), "wz"))
     assert rewrite_narrow(far) == 0
-    grouped = _qlinearconv(rng, (1, 6, 6, 4), 4, (3, 3))
+    grouped = narrow_qlinearconv(rng, (1, 6, 6, 4), 4, (3, 3))
     weights = next(i for i in grouped.graph.initializer if i.name == "w")
     weights.CopyFrom(numpy_helper.from_array(np.ones((4, 2, 3, 3), np.int8), "w"))
     grouped.graph.node[0].attribute.append(helper.make_attribute("group", 2))
@@ -180,10 +126,10 @@ def test_wide_grouped_and_out_of_range_convs_stay_onnx_runtimes():
 
 def test_a_transpose_read_elsewhere_stays():
     rng = np.random.default_rng(9)
-    model = _qlinearconv(rng, (1, 3, 10, 10), 16, (3, 3), nchw=True)
+    model = narrow_qlinearconv(rng, (1, 3, 10, 10), 16, (3, 3), nchw=True)
     model.graph.output.append(helper.make_tensor_value_info("x_nhwc", TensorProto.UINT8, None))
     x = random_input(rng, (1, 3, 10, 10), TensorProto.UINT8)
-    expected = op_session(model).run(None, {"x": x})
+    expected = op_session(exact_reference(model)).run(None, {"x": x})
     assert rewrite_narrow(model) == 1
     assert [n.op_type for n in model.graph.node] == ["Transpose", "NarrowConvU8"]
     got = op_session(model).run(None, {"x": x})
@@ -192,7 +138,7 @@ def test_a_transpose_read_elsewhere_stays():
 
 
 def _rewritten(rng, shape=(1, 3, 6, 6), outputs=16) -> onnx.ModelProto:
-    model = _qlinearconv(rng, shape, outputs, (3, 3), nchw=True)
+    model = narrow_qlinearconv(rng, shape, outputs, (3, 3), nchw=True)
     assert rewrite_narrow(model) == 1
     return model
 
@@ -257,6 +203,18 @@ def test_candidates_counts_convs_over_few_channels():
     assert candidates(helper.make_model(graph)) == 1
 
 
+def test_a_form_bound_on_outputs_leaves_wider_convs_onnx_runtimes():
+    """`max_outputs` (the AVX2 form's MAX_OUTPUTS_BY_FORM bound) leaves a 3 -> 64 stem to ORT's
+    QLinearConv and still takes a 3 -> 32 one."""
+    rng = np.random.default_rng(4)
+    wide = narrow_qlinearconv(rng, (1, 3, 12, 12), 64, (7, 7), pads=(3, 3, 3, 3), nchw=True)
+    narrow = narrow_qlinearconv(rng, (1, 3, 12, 12), MAX_OUTPUTS_BY_FORM["avx2"], (3, 3), nchw=True)
+    assert rewrite_narrow(wide, max_outputs=MAX_OUTPUTS_BY_FORM["avx2"]) == 0
+    assert "QLinearConv" in [n.op_type for n in wide.graph.node]
+    assert rewrite_narrow(narrow, max_outputs=MAX_OUTPUTS_BY_FORM["avx2"]) == 1
+    assert rewrite_narrow(wide, max_outputs=MAX_OUTPUTS_BY_FORM["vnni"]) == 1
+
+
 class _Stem(torch.nn.Module):
     """An image stem (3 -> 16 channels, stride 2) and a wider one (3 -> 24) on the same input."""
 
@@ -281,15 +239,17 @@ def test_compiled_model_is_unchanged_by_the_op_and_explain_counts_it():
     samples = [torch.randn(2, 3, 30, 34) for _ in range(3)]
     outs, runtimes, lines = compiled_both_ways(model, x, samples, "sim_narrow_op", "narrow")
     sims = runtimes[True]
-    fast = _C._narrow_kernel() == "vnni"
+    fast = _C._narrow_kernel() != "portable"
     assert sum(r._exec.narrow_ops for r in sims) == (2 if fast else 0)
     assert sum(r._exec.narrow_ops for r in runtimes[False]) == 0
     if fast:
-        assert any("2 narrow int8 convs on the extension's VNNI kernel" in s for s in lines[True])
+        assert any(
+            "2 narrow int8 convs on the extension's VNNI / AVX2 kernel" in s for s in lines[True]
+        )
         # where the op runs, the float form of narrow_convs.py does not
         assert sum(r._exec.narrow_convs for r in sims) == 0
     else:
-        assert not any("VNNI" in s for s in lines[True])
+        assert not any("narrow int8 conv" in s for s in lines[True])
     for a, b in zip(outs[True], outs[False], strict=True):
         assert torch.equal(a, b)
 
@@ -330,7 +290,7 @@ def test_op_matches_its_definition_on_this_cpu(case):
     shape, nchw, outputs, kernel, strides, dilations, pads = CASES[case]
     rng = np.random.default_rng(zlib.crc32(case.encode()))
     for x_type, zp_x, zp_y in ((TensorProto.UINT8, 128, 100), (TensorProto.INT8, -3, 7)):
-        model = _qlinearconv(
+        model = narrow_qlinearconv(
             rng, shape, outputs, kernel, strides, dilations, pads, x_type, zp_x, zp_y, nchw=nchw
         )
         assert rewrite_narrow(model, form=1) == 1

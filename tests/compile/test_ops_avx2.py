@@ -1,6 +1,7 @@
 """The extension ops' AVX2 forms, which an AVX-512 host's own runs never take: the lookups'
 (csrc/runtime/ort_lookup.cpp: byte and float lookups, clamps, means and product pairs) and the
-depthwise and grouped convs' (csrc/runtime/ort_depthwise_rows.inc in 8 lanes). Their tests run
+depthwise and grouped convs' (csrc/runtime/ort_depthwise_rows.inc in 8 lanes) and the narrow
+conv's (csrc/runtime/ort_narrow.cpp, 16-bit products). Their tests run
 again in a process whose CPUID shows an AVX2-only CPU (scripts/cpu_kind.py's stand-in), after a
 check that the form under test is the AVX2 one, not the portable loop."""
 
@@ -29,6 +30,7 @@ SUITES = {
         "_depthwise_kernel",
         ["tests/compile/test_depthwise.py", "tests/compile/test_grouped_conv.py"],
     ),
+    "narrow": ("_narrow_kernel", ["tests/compile/test_narrow_op.py"]),
 }
 
 pytestmark = pytest.mark.skipif(

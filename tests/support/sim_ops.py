@@ -76,6 +76,62 @@ def depthwise_qlinearconv(
     return conv_graph([node], inits, shape, x_type)
 
 
+def narrow_qlinearconv(
+    rng: np.random.Generator,
+    shape: tuple[int, int, int, int],
+    outputs: int,
+    kernel: tuple[int, int],
+    strides=(1, 1),
+    dilations=(1, 1),
+    pads=(1, 1, 1, 1),
+    x_type=TensorProto.UINT8,
+    zp_x=128,
+    zp_y=100,
+    w_type=TensorProto.INT8,
+    per_channel=True,
+    bias=True,
+    bias_scale=3000,
+    nchw=False,
+) -> onnx.ModelProto:
+    """One channels-last QLinearConv (com.microsoft, as ORT's optimizer writes it) over an input
+    of `shape` (NHWC; with `nchw`, an NCHW input and the Transpose ORT puts before such a conv)
+    with random weights, scales and bias."""
+    if nchw:
+        n, c, h, w = shape
+    else:
+        n, h, w, c = shape
+    kh, kw = kernel
+    if w_type == TensorProto.INT8:
+        weights, w_zp = rng.integers(-127, 128, (outputs, c, kh, kw)).astype(np.int8), np.int8(0)
+    else:
+        weights, w_zp = rng.integers(0, 256, (outputs, c, kh, kw)).astype(np.uint8), np.uint8(128)
+    w_scale = rng.uniform(0.0005, 0.01, outputs if per_channel else 1).astype(np.float32)
+    inits = [
+        numpy_helper.from_array(np.array(rng.uniform(0.005, 0.05), np.float32), "xs"),
+        numpy_helper.from_array(np.array(zp_x, NP[x_type]), "xz"),
+        numpy_helper.from_array(weights, "w"),
+        numpy_helper.from_array(w_scale if per_channel else w_scale.reshape(()), "ws"),
+        numpy_helper.from_array(np.full(outputs, w_zp) if per_channel else np.array(w_zp), "wz"),
+        numpy_helper.from_array(np.array(rng.uniform(0.01, 0.1), np.float32), "ys"),
+        numpy_helper.from_array(np.array(zp_y, NP[x_type]), "yz"),
+    ]
+    source = "x_nhwc" if nchw else "x"
+    inputs = [source, "xs", "xz", "w", "ws", "wz", "ys", "yz"]
+    if bias:
+        b = rng.integers(-bias_scale, bias_scale + 1, outputs).astype(np.int32)
+        inits.append(numpy_helper.from_array(b, "b"))
+        inputs.append("b")
+    nodes = [helper.make_node("Transpose", ["x"], ["x_nhwc"], perm=[0, 2, 3, 1])] if nchw else []
+    nodes.append(
+        helper.make_node(
+            "QLinearConv", inputs, ["y"], domain="com.microsoft", name="conv",
+            kernel_shape=list(kernel), strides=list(strides), dilations=list(dilations),
+            pads=list(pads), channels_last=1,
+        )
+    )  # fmt: skip
+    return conv_graph(nodes, inits, shape, x_type)
+
+
 def op_session(model: onnx.ModelProto, threads: int = 1):
     """A session of `model` as it stands (no ORT optimization) with the extension's ops."""
     import onnxruntime as ort
@@ -107,10 +163,9 @@ def exact_reference(model: onnx.ModelProto) -> onnx.ModelProto:
     copy = onnx.ModelProto()
     copy.CopyFrom(model)
     inits = {i.name: i for i in copy.graph.initializer}
-    types = {i.name: i.type.tensor_type.elem_type for i in copy.graph.input}
-    types.update({name: init.data_type for name, init in inits.items()})
     for node in copy.graph.node:
-        if node.op_type != "QLinearConv" or types.get(node.input[0]) != TensorProto.UINT8:
+        x_zero = inits.get(node.input[2]) if node.op_type == "QLinearConv" else None
+        if x_zero is None or x_zero.data_type != TensorProto.UINT8:  # x's type is its zero's
             continue
         for name in (node.input[3], node.input[5]):  # weights, weight zero points
             init = inits[name]

@@ -200,8 +200,8 @@ class Report:
             ("concats", "sim concats", "8-bit concat{s} on the extension's op, the byte lookups "
              "feeding each folded into its requantization, bit-equal to ONNX Runtime's "
              "(conversion/concat_lookup.py)"),
-            ("narrow_ops", "sim narrow convs", "narrow int8 conv{s} on the extension's VNNI "
-             "kernel, bit-equal to ONNX Runtime's (conversion/narrow_op.py)"),
+            ("narrow_ops", "sim narrow convs", "narrow int8 conv{s} on the extension's VNNI / "
+             "AVX2 kernel, bit-equal to ONNX Runtime's (conversion/narrow_op.py)"),
             ("lookup_means", "sim lookup means", "float lookup{s} and the ReduceMean over each as "
              "one op, float for float (conversion/lookup_mean.py)"),
             ("gemv", "sim one-row GEMMs", "one-row int8 GEMM{s} on the extension's VNNI kernel, "

@@ -441,10 +441,10 @@ class BpuSettings:
         _parse_bool,
         "bool",
         "In the sim's fused integer graph, run each int8 conv over at most 4 input channels and "
-        "64 outputs (an image stem) on the extension's own op: AVX512-VNNI byte dot products "
-        "giving QLinearConv's int32 accumulator, then ORT's requantization, so the bytes are "
-        "QLinearConv's (conversion/narrow_op.py). Only where the CPU has AVX512-VNNI; "
-        "elsewhere, or False, the narrow convs' exact float form (conversion/narrow_convs.py).",
+        "64 outputs (an image stem) on the extension's own op: AVX512-VNNI byte dot products, "
+        "or AVX2 16-bit ones (up to 32 outputs), giving QLinearConv's int32 accumulator, then "
+        "ORT's requantization, so the bytes are QLinearConv's (conversion/narrow_op.py). "
+        "Elsewhere, or False, the narrow convs' exact float form (conversion/narrow_convs.py).",
         "FLAGOS_BPU_SIM_NARROW_OP",
     )
     # last: the field named `float` shadows the builtin in the rest of the class body

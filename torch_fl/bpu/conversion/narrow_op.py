@@ -1,5 +1,5 @@
 """Integer convolutions over few input channels (an image stem) of ONNX Runtime's optimized sim
-graph as the extension's own op, on AVX512-VNNI.
+graph as the extension's own op, on AVX512-VNNI or AVX2.
 
 ONNX Runtime runs an int8 conv as im2col rows against packed weights; over 3 input channels
 most of each row is padding. MobileNetV3's 3x3 stem from 3 to 16 channels took 226 us (batch 1,
@@ -14,8 +14,9 @@ Where the conv reads the NHWC transpose of an NCHW tensor (the quantized model i
 lays out a stem), the op reads the NCHW tensor itself and the transpose goes. The result is
 QLinearConv's byte for byte (tests/compile/test_narrow_op.py).
 
-Only where the op has its VNNI form (`torch_fl._C._narrow_kernel() == "vnni"`); elsewhere the
-float form of conversion/narrow_convs.py stays the sim's (runtime/executors.py decides).
+Only where the op has a vector form (`torch_fl._C._narrow_kernel()`: "vnni", or "avx2" with
+16-bit `vpmaddwd` products, up to `MAX_OUTPUTS_BY_FORM` outputs); elsewhere the float form of
+conversion/narrow_convs.py stays the sim's (runtime/executors.py decides).
 """
 
 from __future__ import annotations
@@ -28,12 +29,24 @@ from torch_fl.bpu.conversion.export import attribute, links, splice
 from torch_fl.bpu.conversion.lookups import DOMAIN, import_domain
 from torch_fl.bpu.conversion.qlinear_conv import conv_parts, drop_unread
 
-__all__ = ["MAX_INPUTS", "MAX_OUTPUTS", "OPS", "candidates", "rewrite_narrow"]
+__all__ = [
+    "MAX_INPUTS",
+    "MAX_OUTPUTS",
+    "MAX_OUTPUTS_BY_FORM",
+    "OPS",
+    "candidates",
+    "rewrite_narrow",
+]
 
 MAX_INPUTS = 4
 """Input channels of a rewritten conv, at most: one 32-bit word of bytes per pixel."""
 MAX_OUTPUTS = 64
 """Output channels of a rewritten conv, at most (four blocks of 16 in the op's registers)."""
+MAX_OUTPUTS_BY_FORM = {"vnni": MAX_OUTPUTS, "avx2": 32}
+"""Output channels of a rewritten conv, at most, per form of the op (`_C._narrow_kernel()`): the
+AVX2 form broadcasts each input word again for each block of 16 outputs, and lost ResNet's 7x7
+stem from 3 to 64 channels to ORT's own kernel (docs/compile.md, *Narrow convolutions on the
+extension's op*) while it won the stems to 16 and 32."""
 OPS = {TensorProto.UINT8: "NarrowConvU8", TensorProto.INT8: "NarrowConvI8"}
 _NCHW_TO_NHWC = [0, 2, 3, 1]
 
@@ -58,17 +71,17 @@ def candidates(model: onnx.ModelProto) -> int:
     return count
 
 
-def rewrite_narrow(model: onnx.ModelProto, form: int = 0) -> int:
+def rewrite_narrow(model: onnx.ModelProto, form: int = 0, max_outputs: int = MAX_OUTPUTS) -> int:
     """Replace, in place, each qualifying channels-last QLinearConv of ORT's optimized `model`
-    with a NarrowConv op; returns how many. `form` 1 asks the op for its plain loop (tests
-    compare the forms)."""
+    (at most `max_outputs` output channels) with a NarrowConv op; returns how many. `form` 1
+    asks the op for its plain loop (tests compare the forms)."""
     inits = {i.name: i for i in model.graph.initializer}
     producer, reads, outputs = links(model)
     added: list[onnx.TensorProto] = []
     replaced: dict[int, list[onnx.NodeProto]] = {}
     dropped: set[int] = set()
     for node in model.graph.node:
-        plan = _plan(node, inits)
+        plan = _plan(node, inits, max_outputs)
         if plan is None:
             continue
         source, layout = node.input[0], 0
@@ -99,14 +112,14 @@ def rewrite_narrow(model: onnx.ModelProto, form: int = 0) -> int:
     return len(replaced)
 
 
-def _plan(node: onnx.NodeProto, inits: dict) -> dict | None:
+def _plan(node: onnx.NodeProto, inits: dict, max_outputs: int) -> dict | None:
     """The NarrowConv inputs for `node`, or None where it is not a channels-last 2-D
     QLinearConv with one group, few channels, weights within int8 and constant parameters."""
     conv = conv_parts(node, inits)
     if conv is None or conv.group != 1:
         return None
     outputs, inputs, kh, kw = conv.taps.shape
-    if inputs > MAX_INPUTS or outputs > MAX_OUTPUTS:
+    if inputs > MAX_INPUTS or outputs > min(max_outputs, MAX_OUTPUTS):
         return None
     if conv.taps.min() < -128 or conv.taps.max() > 127:  # vpdpbusd's signed byte operand
         return None

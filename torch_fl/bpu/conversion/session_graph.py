@@ -32,8 +32,8 @@ from torch_fl.bpu.conversion.lookup_mean import fuse_means, pairs, reduce_shapes
 from torch_fl.bpu.conversion.lookups import fuse_lookups, has_chains, ort_optimized
 from torch_fl.bpu.conversion.max_pool import candidates as pool_candidates
 from torch_fl.bpu.conversion.max_pool import rewrite_max_pools
+from torch_fl.bpu.conversion.narrow_op import MAX_OUTPUTS, rewrite_narrow
 from torch_fl.bpu.conversion.narrow_op import candidates as narrow_candidates
-from torch_fl.bpu.conversion.narrow_op import rewrite_narrow
 from torch_fl.bpu.conversion.session_shapes import declare_shapes
 
 __all__ = ["SessionGraph", "session_graph"]
@@ -73,13 +73,14 @@ def session_graph(
     dot: bool = False,
     pools: bool = False,
     grouped: bool | None = None,
+    narrow_outputs: int = MAX_OUTPUTS,
 ) -> SessionGraph:
     """ORT's optimized form of the integer graph `model` (without the optimizers in `disabled`)
     with its elementwise chains as lookups where `lookups` (a float lookup and the mean over it
     as one op: conversion/lookup_mean.py), its depthwise convs as DepthwiseConv and its
     grouped convs of narrow groups as GroupedConv where `grouped` (None: as `depthwise`; the
     executor asks for it only where the float op has its AVX-512 form), as GroupedDotConv where `dot` (AVX512-VNNI) and that op takes them, its convs over
-    few input channels as NarrowConv where `narrow`, its channels-first 8-bit max pools as
+    few input channels (at most `narrow_outputs` outputs) as NarrowConv where `narrow`, its channels-first 8-bit max pools as
     MaxPool where `pools`, its 8-bit concats as ConcatLookup where `lookups`, and its one-row
     8-bit GEMMs as Gemv where `dot`. No ORT pass is spent where no rewrite has anything to
     replace."""
@@ -108,7 +109,7 @@ def session_graph(
     )
     n_depthwise = rewrite_depthwise(optimized) if want_depthwise else 0
     n_grouped = rewrite_grouped(optimized, dot=dot, floats=floats) if want_grouped else 0
-    n_narrow = rewrite_narrow(optimized) if want_narrow else 0
+    n_narrow = rewrite_narrow(optimized, max_outputs=narrow_outputs) if want_narrow else 0
     n_pools = rewrite_max_pools(optimized) if want_pools else 0
     # last: a concat folds in the lookups above that feed it
     n_concats = rewrite_concats(optimized)[0] if want_concats else 0

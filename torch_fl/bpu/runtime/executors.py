@@ -24,6 +24,7 @@ import torch
 
 from torch_fl.bpu.conversion.integer_form import to_integer_form
 from torch_fl.bpu.conversion.narrow_convs import rewrite_narrow_convs
+from torch_fl.bpu.conversion.narrow_op import MAX_OUTPUTS_BY_FORM
 from torch_fl.bpu.conversion.session_graph import session_graph
 from torch_fl.bpu.errors import ArtifactError
 from torch_fl.bpu.runtime import sim_threads
@@ -74,9 +75,11 @@ def depthwise_kernel() -> str:
 
 
 def narrow_kernel() -> str:
-    """Which form the extension's NarrowConv op runs here: "vnni" or "portable"
-    (csrc/runtime/ort_narrow.cpp). The sim uses the op only in its VNNI form; elsewhere the
-    narrow convs' exact float form (conversion/narrow_convs.py) is the faster."""
+    """Which form the extension's NarrowConv op runs here: "vnni", "avx2" or "portable"
+    (csrc/runtime/ort_narrow.cpp). The sim uses the op only in a vector form (up to
+    conversion/narrow_op.MAX_OUTPUTS_BY_FORM outputs); elsewhere the narrow convs' exact float
+    form (conversion/narrow_convs.py) is the faster. The grouped and one-row ops' VNNI forms
+    are asked for by "vnni" alone."""
     from torch_fl import _C
 
     return _C._narrow_kernel()
@@ -170,7 +173,7 @@ class SimExecutor:
                 # the integer form ORT fuses into QLinearConv/QGemm/...; the path was probed
                 # exact on this CPU
                 ops = lookup_library() is not None
-                fast_narrow = ops and narrow and narrow_kernel() == "vnni"
+                fast_narrow = ops and narrow and narrow_kernel() != "portable"
                 self.float_narrow = not fast_narrow
                 model, self.narrow_convs = fused_graph(
                     onnx_bytes, self.kernels.path, self.float_narrow
@@ -183,6 +186,7 @@ class SimExecutor:
                     self._open_rewritten(
                         model, lookups, fast_depthwise, fast_narrow, dot, pools=depthwise,
                         grouped=depthwise and form == "avx512",
+                        narrow_outputs=MAX_OUTPUTS_BY_FORM.get(narrow_kernel(), 0),
                     )  # fmt: skip
                 if not self._rewritten():
                     self._open_session(model.SerializeToString(), fused=True)
@@ -233,6 +237,7 @@ class SimExecutor:
         dot: bool,
         pools: bool = False,
         grouped: bool = False,
+        narrow_outputs: int = 0,
     ) -> None:
         """Open the session on ORT's optimized form of the fused graph `model` with the
         extension's ops in it (conversion/session_graph.py); where it has nothing to replace or
@@ -240,8 +245,9 @@ class SimExecutor:
         `self.pools` and `self.concats` stay 0 and ORT's own ops run it all (the same numbers)."""
         try:
             graph = session_graph(
-                model, UNFUSED, lookups, depthwise, narrow, dot, pools, grouped=grouped
-            )
+                model, UNFUSED, lookups, depthwise, narrow, dot, pools, grouped=grouped,
+                narrow_outputs=narrow_outputs,
+            )  # fmt: skip
             if graph.data is not None:
                 self.lookups, self.depthwise = graph.lookups, graph.depthwise
                 self.narrow_ops, self.lookup_means = graph.narrow, graph.means

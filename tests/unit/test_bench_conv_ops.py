@@ -1,0 +1,39 @@
+"""scripts/bench_conv_ops.py: the conv ops against ORT's QLinearConv per public conv shape."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from scripts import bench_conv_ops
+from torch_fl.bpu.conversion.depthwise import ALIGNED_CHANNELS
+from torch_fl.bpu.conversion.narrow_op import MAX_OUTPUTS_BY_FORM
+
+
+def test_rows_time_both_and_check_the_bytes(tmp_path, capsys):
+    out = tmp_path / "ops.json"
+    assert bench_conv_ops.main(["--iters", "10", "--json", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    assert [(r["op"], r["batch"], r["size"], r["channels"], r["kernel"], r["stride"])
+            for r in doc["rows"]] == [(op, *shape) for op, shape in bench_conv_ops.SHAPES]  # fmt: skip
+    assert doc["forms"]["depthwise"] in ("avx512", "avx2", "portable")
+    assert doc["cpu_kind"] == "native"
+    for row in doc["rows"]:
+        assert row["equal"] is True
+        assert row["ort_us"] > 0 and row["op_us"] > 0
+        assert row["ort_over_op"] == pytest.approx(row["ort_us"] / row["op_us"], rel=0.01)
+        if row["op"] == "depthwise":
+            assert row["moved"] == (row["channels"] % ALIGNED_CHANNELS != 0)
+        else:
+            bound = MAX_OUTPUTS_BY_FORM.get(doc["forms"]["narrow"], 0)
+            assert row["moved"] == (row["channels"] <= bound)
+    assert "depthwise: 6 moved, geometric mean ORT / op" in capsys.readouterr().out
+    assert [p.name for p in tmp_path.iterdir()] == ["ops.json"]  # no temporary left
+
+
+def test_too_few_iterations_is_refused(capsys):
+    with pytest.raises(SystemExit) as exc:
+        bench_conv_ops.main(["--iters", "5"])
+    assert exc.value.code == 2
+    assert "--iters must be at least 10" in capsys.readouterr().err
