@@ -146,19 +146,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.iters < 10:
         parser.error("--iters must be at least 10 (one block of ten calls)")
-    if args.cpu_kind != "native":
-        try:
-            code = cpu_kind.rerun_as(
-                args.cpu_kind, __file__, sys.argv[1:] if argv is None else argv, "bench_conv_ops"
-            )
-        except ValueError as exc:
-            parser.error(f"--cpu-kind {args.cpu_kind}: {exc}")
-        if code is not None:
-            return code
-        try:
-            print(f"CPU kind: {cpu_kind.check(args.cpu_kind)}")
-        except RuntimeError as exc:
-            raise SystemExit(f"bench_conv_ops: --cpu-kind {args.cpu_kind}: {exc}") from None
+    argv_now = sys.argv[1:] if argv is None else argv
+    code, _ = cpu_kind.enter(args.cpu_kind, __file__, argv_now, parser, "bench_conv_ops")
+    if code is not None:  # the benchmark ran again, as that CPU kind
+        return code
     from torch_fl import _C
 
     forms = {"depthwise": _C._depthwise_kernel(), "narrow": _C._narrow_kernel()}

@@ -610,21 +610,10 @@ def main(argv: list[str] | None = None) -> int:
         )
     batches, threads = _ints(args.batches, "--batches"), _ints(args.threads, "--threads")
     peers = {"inductor": not args.no_inductor, "pt2e": not args.no_pt2e}
-    kind = "native"
-    if args.cpu_kind != "native":
-        try:
-            code = cpu_kind.rerun_as(
-                args.cpu_kind, __file__, sys.argv[1:] if argv is None else argv, "bench_sim"
-            )
-        except ValueError as exc:
-            parser.error(f"--cpu-kind {args.cpu_kind}: {exc}")
-        if code is not None:
-            return code
-        try:
-            kind = cpu_kind.check(args.cpu_kind)
-        except RuntimeError as exc:
-            raise SystemExit(f"bench_sim: --cpu-kind {args.cpu_kind}: {exc}") from None
-        print(f"CPU kind: {kind}")
+    argv_now = sys.argv[1:] if argv is None else argv
+    code, kind = cpu_kind.enter(args.cpu_kind, __file__, argv_now, parser, "bench_sim")
+    if code is not None:  # the benchmark ran again, as that CPU kind
+        return code
     from torch_fl.bpu.runtime.sim_kernels import choose
 
     kernels = choose("auto")

@@ -17,6 +17,7 @@ a C compiler; `unsupported()` says what is missing.
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import os
 import platform
@@ -28,7 +29,7 @@ from pathlib import Path
 
 from torch_fl.bpu.runtime.sim_kernels import cpu_flags
 
-__all__ = ["KINDS", "MARK", "check", "environment", "library", "rerun_as", "unsupported"]
+__all__ = ["KINDS", "MARK", "check", "enter", "environment", "library", "rerun_as", "unsupported"]
 
 HERE = Path(__file__).resolve().parent
 KINDS = {"avx2": HERE / "cpu_kinds" / "avx2_only.c"}
@@ -119,6 +120,29 @@ def rerun_as(kind: str, script: str, argv: list[str], name: str) -> int | None:
     except KeyboardInterrupt:
         print(f"{name}: interrupted", file=sys.stderr)
         return 130
+
+
+def enter(
+    kind: str, script: str, argv: list[str], parser: argparse.ArgumentParser, name: str
+) -> tuple[int | None, str]:
+    """A benchmark's `--cpu-kind`: (None, what runs here) where this process runs as `kind`
+    ("native": this host as it is), after printing it; else (the exit code of `script` run again
+    as `kind`: rerun_as, ""). A host that cannot emulate `kind` is the parser's error (exit 2),
+    a process the emulation missed a SystemExit naming `name`."""
+    if kind == "native":
+        return None, "native"
+    try:
+        code = rerun_as(kind, script, argv, name)
+    except ValueError as exc:
+        parser.error(f"--cpu-kind {kind}: {exc}")
+    if code is not None:
+        return code, ""
+    try:
+        report = check(kind)
+    except RuntimeError as exc:
+        raise SystemExit(f"{name}: --cpu-kind {kind}: {exc}") from None
+    print(f"CPU kind: {report}")
+    return None, report
 
 
 def check(kind: str) -> str:

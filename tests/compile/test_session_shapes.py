@@ -12,8 +12,8 @@ import pytest
 import torch
 from onnx import TensorProto, helper, numpy_helper
 
-from tests.compile.test_narrow_op import CASES, _qlinearconv
-from tests.support.sim_ops import op_session, random_input
+from tests.compile.test_narrow_op import CASES
+from tests.support.sim_ops import narrow_qlinearconv, op_session, random_input
 from torch_fl import _C
 from torch_fl.bpu.conversion.lookups import DOMAIN
 from torch_fl.bpu.conversion.narrow_op import rewrite_narrow
@@ -31,7 +31,7 @@ def _stem_then_clamp(case: str, batch_name: str | None = None) -> onnx.ModelProt
     session graph holds it."""
     shape, nchw, outputs, kernel, strides, dilations, pads = CASES[case]
     rng = np.random.default_rng(zlib.crc32(case.encode()))
-    model = _qlinearconv(rng, shape, outputs, kernel, strides, dilations, pads, nchw=nchw)
+    model = narrow_qlinearconv(rng, shape, outputs, kernel, strides, dilations, pads, nchw=nchw)
     model.graph.node[-1].output[0] = "conv_out"
     model.graph.initializer.extend([
         numpy_helper.from_array(RELU, "relu_table"),
