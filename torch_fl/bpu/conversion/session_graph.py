@@ -79,9 +79,10 @@ def session_graph(
     with its elementwise chains as lookups where `lookups` (a float lookup and the mean over it
     as one op: conversion/lookup_mean.py), its depthwise convs as DepthwiseConv and its
     grouped convs of narrow groups as GroupedConv where `grouped` (None: as `depthwise`; the
-    executor asks for it only where the float op has its AVX-512 form), as GroupedDotConv where `dot` (AVX512-VNNI) and that op takes them, its convs over
-    few input channels (at most `narrow_outputs` outputs) as NarrowConv where `narrow`, its channels-first 8-bit max pools as
-    MaxPool where `pools`, its 8-bit concats as ConcatLookup where `lookups`, and its one-row
+    executor asks for it only where the float op has its AVX-512 form), as GroupedDotConv where
+    `dot` (AVX512-VNNI) and that op takes them, its convs over few input channels (at most
+    `narrow_outputs` outputs) as NarrowConv where `narrow`, its channels-first 8-bit max pools
+    as MaxPool where `pools`, its 8-bit concats as ConcatLookup where `lookups`, and its one-row
     8-bit GEMMs as Gemv where `dot`. No ORT pass is spent where no rewrite has anything to
     replace."""
     want_lookups = lookups and has_chains(model)

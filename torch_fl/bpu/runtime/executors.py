@@ -140,9 +140,9 @@ class SimExecutor:
         as the extension's DepthwiseConv op (conversion/depthwise.py), its grouped convs of
         narrow groups as GroupedConv or GroupedDotConv (conversion/grouped_conv.py), where those
         ops have a vector form here (DepthwiseConv: AVX-512 or AVX2; GroupedConv: AVX-512;
-        GroupedDotConv: AVX512-VNNI); `narrow`: its convs over few input channels as the NarrowConv op
-        (conversion/narrow_op.py) where that op has its VNNI form here, else as exact float
-        convs (conversion/narrow_convs.py)."""
+        GroupedDotConv: AVX512-VNNI); `narrow`: its convs over few input channels as the
+        NarrowConv op (conversion/narrow_op.py) where that op has a vector form here (VNNI or
+        AVX2), else as exact float convs (conversion/narrow_convs.py)."""
         self.kernels = kernels or KernelChoice("float", "float Q/DQ")
         self.threads = threads
         self.thread_candidates = tuple(thread_candidates)
