@@ -38,6 +38,7 @@ import numpy as np  # noqa: E402
 import onnx  # noqa: E402
 from onnx import TensorProto  # noqa: E402
 
+from provision.floor.outpaths import file_problem  # noqa: E402
 from scripts import cpu_kind  # noqa: E402
 from tests.support.sim_ops import (  # noqa: E402
     depthwise_qlinearconv,
@@ -46,7 +47,7 @@ from tests.support.sim_ops import (  # noqa: E402
     op_session,
     random_input,
 )
-from torch_fl.bpu.conversion.depthwise import ALIGNED_CHANNELS, rewrite_depthwise  # noqa: E402
+from torch_fl.bpu.conversion.depthwise import rewrite_depthwise  # noqa: E402
 from torch_fl.bpu.conversion.narrow_op import MAX_OUTPUTS_BY_FORM, rewrite_narrow  # noqa: E402
 
 DEPTHWISE = (
@@ -110,6 +111,18 @@ def _models(op: str, shape: tuple[int, ...], rng: np.random.Generator) -> tuple:
     return model, rewritten, dims
 
 
+def _moved(op: str, model: onnx.ModelProto, form: str) -> bool:
+    """Whether the sim runs this conv on the op where the op's form is `form`: the executor's
+    own rewrite, with its limits (runtime/executors.py), on a copy of `model`."""
+    if form == "portable":
+        return False
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    if op == "depthwise":
+        return rewrite_depthwise(copy) == 1
+    return rewrite_narrow(copy, max_outputs=MAX_OUTPUTS_BY_FORM.get(form, 0)) == 1
+
+
 def measure(op: str, shape: tuple[int, int, int, int, int], iters: int, form: str) -> dict:
     """One conv: ORT's QLinearConv and the op (in `form`), timed in turns of ten calls."""
     n, size, channels, k, stride = shape
@@ -124,15 +137,32 @@ def measure(op: str, shape: tuple[int, int, int, int, int], iters: int, form: st
         for name, session in (("ort", ort_session), ("op", ours)):
             times[name].append(_median_us(lambda s=session: s.run(None, x), 10))
     ort_us, op_us = statistics.median(times["ort"]), statistics.median(times["op"])
-    if op == "depthwise":
-        moved = channels % ALIGNED_CHANNELS != 0
-    else:
-        moved = channels <= MAX_OUTPUTS_BY_FORM.get(form, 0)
+    moved = _moved(op, model, form)
     return {
         "op": op, "batch": n, "size": size, "channels": channels, "kernel": k, "stride": stride,
         "ort_us": round(ort_us, 1), "op_us": round(op_us, 1),
         "ort_over_op": round(ort_us / op_us, 3), "equal": equal, "moved": moved,
     }  # fmt: skip
+
+
+def _rows(iters: int, forms: dict[str, str]) -> list[dict]:
+    """Every row of SHAPES, printed as it is measured; then the moved convs' mean gain."""
+    rows = []
+    for op, shape in SHAPES:
+        row = measure(op, shape, iters, forms[op])
+        rows.append(row)
+        print(
+            f"{op:9} {row['batch']:>2} {row['size']:>3}x{row['size']:<3} {row['channels']:>4} "
+            f"{row['kernel']:>3} {row['stride']:>2} {row['ort_us']:>8.1f} {row['op_us']:>8.1f} "
+            f"{row['ort_over_op']:>7.2f}  {str(row['equal']):5}  {row['moved']}",
+            flush=True,
+        )
+    for op in forms:
+        moved = [r["ort_over_op"] for r in rows if r["op"] == op and r["moved"]]
+        if moved:
+            mean = statistics.geometric_mean(moved)
+            print(f"{op}: {len(moved)} moved, geometric mean ORT / op {mean:.2f}")
+    return rows
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -146,6 +176,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.iters < 10:
         parser.error("--iters must be at least 10 (one block of ten calls)")
+    problem = file_problem(Path(args.json)) if args.json is not None else None
+    if problem:  # before minutes of timing, not after
+        parser.error(f"--json {args.json!r} {problem}")
     argv_now = sys.argv[1:] if argv is None else argv
     code, _ = cpu_kind.enter(args.cpu_kind, __file__, argv_now, parser, "bench_conv_ops")
     if code is not None:  # the benchmark ran again, as that CPU kind
@@ -156,21 +189,11 @@ def main(argv: list[str] | None = None) -> int:
     print(f"the ops' forms here: {forms}; 1 thread, median us of {args.iters} calls each")
     print(f"{'op':9} {'N':>2} {'HxW':>7} {'C':>4} {'k':>3} {'s':>2} {'ORT us':>8} {'op us':>8} "
           f"{'ORT/op':>7}  equal  moved")  # fmt: skip
-    rows = []
-    for op, shape in SHAPES:
-        row = measure(op, shape, args.iters, forms[op])
-        rows.append(row)
-        print(
-            f"{op:9} {row['batch']:>2} {row['size']:>3}x{row['size']:<3} {row['channels']:>4} "
-            f"{row['kernel']:>3} {row['stride']:>2} {row['ort_us']:>8.1f} {row['op_us']:>8.1f} "
-            f"{row['ort_over_op']:>7.2f}  {str(row['equal']):5}  {row['moved']}",
-            flush=True,
-        )
-    for op in forms:
-        moved = [r["ort_over_op"] for r in rows if r["op"] == op and r["moved"]]
-        if moved:
-            mean = statistics.geometric_mean(moved)
-            print(f"{op}: {len(moved)} moved, geometric mean ORT / op {mean:.2f}")
+    try:
+        rows = _rows(args.iters, forms)
+    except KeyboardInterrupt:  # nothing written: the JSON is written whole, at the end
+        print("bench_conv_ops: interrupted", file=sys.stderr)
+        return 130
     if not all(r["equal"] for r in rows):
         print("bench_conv_ops: the op's bytes differ from ORT's", file=sys.stderr)
         return 1

@@ -48,6 +48,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 import torch_fl.bpu as bpu  # noqa: E402
+from provision.floor.outpaths import file_problem  # noqa: E402
 from scripts import cpu_kind, plots, quiet  # noqa: E402
 from tests.support import ort  # noqa: E402
 from tests.support.pt2e import quantize as pt2e_quantize  # noqa: E402
@@ -608,6 +609,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(
             f"--calib-samples must be 0 (skip) to {MAX_CALIB_SAMPLES}, not {args.calib_samples}"
         )
+    problem = file_problem(Path(args.json)) if args.json else None
+    if problem:  # before the benchmark's minutes, not after
+        parser.error(f"--json {args.json!r} {problem}")
     batches, threads = _ints(args.batches, "--batches"), _ints(args.threads, "--threads")
     peers = {"inductor": not args.no_inductor, "pt2e": not args.no_pt2e}
     argv_now = sys.argv[1:] if argv is None else argv

@@ -23,11 +23,12 @@ def test_rows_time_both_and_check_the_bytes(tmp_path, capsys):
         assert row["equal"] is True
         assert row["ort_us"] > 0 and row["op_us"] > 0
         assert row["ort_over_op"] == pytest.approx(row["ort_us"] / row["op_us"], rel=0.01)
+        form = doc["forms"][row["op"]]
         if row["op"] == "depthwise":
-            assert row["moved"] == (row["channels"] % ALIGNED_CHANNELS != 0)
+            unaligned = row["channels"] % ALIGNED_CHANNELS != 0
+            assert row["moved"] == (form != "portable" and unaligned)
         else:
-            bound = MAX_OUTPUTS_BY_FORM.get(doc["forms"]["narrow"], 0)
-            assert row["moved"] == (row["channels"] <= bound)
+            assert row["moved"] == (row["channels"] <= MAX_OUTPUTS_BY_FORM.get(form, 0))
     assert "depthwise: 6 moved, geometric mean ORT / op" in capsys.readouterr().out
     assert [p.name for p in tmp_path.iterdir()] == ["ops.json"]  # no temporary left
 
@@ -37,3 +38,25 @@ def test_too_few_iterations_is_refused(capsys):
         bench_conv_ops.main(["--iters", "5"])
     assert exc.value.code == 2
     assert "--iters must be at least 10" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("where", ["a directory", "under a file"])
+def test_an_unwritable_json_path_is_refused_before_any_timing(tmp_path, capsys, where):
+    (tmp_path / "file").write_text("x")
+    path = tmp_path if where == "a directory" else tmp_path / "file" / "ops.json"
+    with pytest.raises(SystemExit) as exc:
+        bench_conv_ops.main(["--iters", "10", "--json", str(path)])
+    assert exc.value.code == 2
+    err = capsys.readouterr()
+    assert f"--json '{path}'" in err.err and "the ops' forms" not in err.out
+
+
+def test_ctrl_c_exits_130_with_one_line_and_writes_nothing(tmp_path, monkeypatch, capsys):
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(bench_conv_ops, "measure", interrupted)
+    out = tmp_path / "ops.json"
+    assert bench_conv_ops.main(["--iters", "10", "--json", str(out)]) == 130
+    assert capsys.readouterr().err.strip() == "bench_conv_ops: interrupted"
+    assert list(tmp_path.iterdir()) == []

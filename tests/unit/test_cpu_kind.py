@@ -101,3 +101,15 @@ def test_bench_in_a_process_the_emulation_missed_says_so(monkeypatch):
     monkeypatch.setenv(cpu_kind.MARK, "avx2")  # marked, but this process's CPUID is the host's
     with pytest.raises(SystemExit, match="--cpu-kind avx2: the avx2 emulation did not take"):
         bench_sim.main(["--cpu-kind", "avx2", "--models", "resnet18"])
+
+
+def test_ctrl_c_while_the_emulated_run_goes_exits_130_with_one_line(monkeypatch, capsys):
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cpu_kind, "unsupported", lambda kind: None)
+    monkeypatch.setattr(cpu_kind, "environment", lambda kind, base=None: {})
+    monkeypatch.setattr(cpu_kind.subprocess, "call", interrupted)
+    monkeypatch.delenv(cpu_kind.MARK, raising=False)
+    assert cpu_kind.rerun_as("avx2", "bench.py", [], "bench_x") == 130
+    assert capsys.readouterr().err.strip() == "bench_x: interrupted"
