@@ -19,6 +19,7 @@
 #include "runtime/ort_gemv.h"
 #include "runtime/ort_maxpool.h"
 #include "runtime/ort_narrow.h"
+#include "runtime/ort_pair_gemm.h"
 #include "runtime/ort_lookup.h"
 #include "runtime/hooks.h"
 #include "runtime/ucp_runtime.h"
@@ -291,6 +292,7 @@ PYBIND11_MODULE(_C, m) {
   m.def("_gemv_kernel", [] { return std::string(torch_fl::gemv_kernel()); });
   // which form the sim's narrow conv op (csrc/runtime/ort_narrow.cpp) uses here
   m.def("_narrow_kernel", [] { return std::string(torch_fl::narrow_kernel()); });
+  m.def("_pair_gemm_kernel", [] { return std::string(torch_fl::pair_gemm_kernel()); });
   m.def("_maxpool_kernel", [] { return std::string(torch_fl::maxpool_kernel()); });
 
   m.def("_device_count", [] { return static_cast<int>(torch_fl::kDeviceCount); });

@@ -30,6 +30,7 @@ enum ElementType : int {
   kFloat = 1,
   kUint8 = 2,
   kInt8 = 3,
+  kInt16 = 5,
   kInt32 = 6,
   kInt64 = 7,
 };

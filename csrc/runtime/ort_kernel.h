@@ -258,5 +258,6 @@ std::vector<const CustomOp*> grouped_dot_ops();  // ort_grouped_dot.cpp
 std::vector<const CustomOp*> maxpool_ops();      // ort_maxpool.cpp
 std::vector<const CustomOp*> concat_ops();       // ort_concat.cpp
 std::vector<const CustomOp*> gemv_ops();         // ort_gemv.cpp
+std::vector<const CustomOp*> pair_gemm_ops();    // ort_pair_gemm.cpp
 
 }  // namespace torch_fl::ort

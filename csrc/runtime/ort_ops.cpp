@@ -1,7 +1,7 @@
 // The custom-op library ONNX Runtime loads from this extension's shared library
 // (SessionOptions.register_custom_ops_library(torch_fl._C.__file__)): every op of domain
 // "torch_fl.bpu" (ort_lookup.cpp, ort_depthwise.cpp, ort_narrow.cpp, ort_mean.cpp,
-// ort_grouped_dot.cpp, ort_maxpool.cpp, ort_concat.cpp, ort_gemv.cpp).
+// ort_grouped_dot.cpp, ort_maxpool.cpp, ort_concat.cpp, ort_gemv.cpp, ort_pair_gemm.cpp).
 #include "runtime/ort_kernel.h"
 
 #include <cstdio>
@@ -33,7 +33,7 @@ Status* register_ops(SessionOptions* options, const ApiBase* base) {
   TFL_ORT_TRY(api_fn<CreateDomain>(slot::kCreateCustomOpDomain)("torch_fl.bpu", &domain));
   std::vector<const CustomOp*> ops = lookup_ops();
   for (const auto& more : {depthwise_ops(), narrow_ops(), mean_ops(), grouped_dot_ops(), maxpool_ops(),
-                            concat_ops(), gemv_ops()}) {
+                            concat_ops(), gemv_ops(), pair_gemm_ops()}) {
     ops.insert(ops.end(), more.begin(), more.end());
   }
   // ONNX Runtime refuses an op whose version is above its own API's ("Unsupported version"),

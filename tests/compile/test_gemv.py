@@ -15,7 +15,7 @@ import torch
 from onnx import TensorProto, helper, numpy_helper
 from torch import nn
 
-from tests.support.sim_ops import NP, op_session, random_input
+from tests.support.sim_ops import op_session, qgemm, random_input
 from torch_fl import _C
 from torch_fl.bpu.conversion import session_graph as session_graph_module
 from torch_fl.bpu.conversion.gemv import OPS, candidates, gemm_rows, pack_weights, rewrite_gemv
@@ -30,59 +30,6 @@ qgemm_exact = pytest.mark.skipif(
     sim_kernels.probe("u8s8") is not None,
     reason="ORT's u8s8 QGemm saturates on this CPU: no exact reference",
 )
-
-
-def _qgemm(
-    rng: np.random.Generator,
-    k: int,
-    n: int,
-    a_type=TensorProto.UINT8,
-    zp_a=128,
-    float_out=True,
-    zp_y=100,
-    alpha=1.0,
-    trans_b=True,
-    per_column=True,
-    bias=True,
-    bias_scale=5000,
-    rows=1,
-) -> onnx.ModelProto:
-    """One QGemm (com.microsoft, as ORT's optimizer writes it) from x [rows, k] with random int8
-    weights, scales and bias."""
-    b = rng.integers(-127, 128, (n, k) if trans_b else (k, n)).astype(np.int8)
-    b_scale = rng.uniform(0.001, 0.02, n if per_column else 1).astype(np.float32)
-    a_scale = np.float32(rng.uniform(0.005, 0.05))
-    # y's scale puts the outputs some 40 steps either side of its zero point
-    y_scale = np.float32(a_scale * b_scale.mean() * np.sqrt(k) * 80 * 73 / 40)
-    inits = [
-        numpy_helper.from_array(np.array(a_scale, np.float32), "as"),
-        numpy_helper.from_array(np.array(zp_a, NP[a_type]), "az"),
-        numpy_helper.from_array(b, "b"),
-        numpy_helper.from_array(b_scale if per_column else b_scale.reshape(()), "bs"),
-        numpy_helper.from_array(np.zeros(n, np.int8) if per_column else np.array(0, np.int8), "bz"),
-    ]
-    inputs = ["x", "as", "az", "b", "bs", "bz"]
-    if bias:
-        c = rng.integers(-bias_scale, bias_scale + 1, n).astype(np.int32)
-        inits.append(numpy_helper.from_array(c, "c"))
-    inputs.append("c" if bias else "")
-    if not float_out:
-        inits.append(numpy_helper.from_array(np.array(y_scale, np.float32), "ys"))
-        inits.append(numpy_helper.from_array(np.array(zp_y, NP[a_type]), "yz"))
-        inputs += ["ys", "yz"]
-    node = helper.make_node(
-        "QGemm", inputs, ["y"], domain="com.microsoft", name="fc", alpha=alpha,
-        transB=int(trans_b),
-    )  # fmt: skip
-    y_type = TensorProto.FLOAT if float_out else a_type
-    graph = helper.make_graph(
-        [node], "gemm",
-        [helper.make_tensor_value_info("x", a_type, [rows, k])],
-        [helper.make_tensor_value_info("y", y_type, None)], inits,
-    )  # fmt: skip
-    return helper.make_model(
-        graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)]
-    )
 
 
 def _both(model: onnx.ModelProto, x: np.ndarray, form: int = 0, threads: int = 1):
@@ -117,7 +64,7 @@ QUANT = [
 def test_op_is_qgemm_byte_for_byte(size, quant, form):
     k, n = size
     rng = np.random.default_rng(k * 1000 + n)
-    model = _qgemm(rng, k, n, **quant)
+    model = qgemm(rng, k, n, **quant)
     a_type = quant.get("a_type", TensorProto.UINT8)
     float_out = quant.get("float_out", True)
     for seed in range(3):
@@ -135,7 +82,7 @@ def test_split_over_two_threads_is_the_same():
     """MobileNetV3-Small's 1024 -> 1000 classifier splits into pieces of columns (kMinPieceWork,
     ort_gemv.cpp), which the session's threads share; split, its floats are ORT's."""
     rng = np.random.default_rng(3)
-    model = _qgemm(rng, 1024, 1000)
+    model = qgemm(rng, 1024, 1000)
     x = random_input(rng, (1, 1024), TensorProto.UINT8)
     before = _C._gemv_pieces()
     expected, got, _ = _both(model, x, threads=2)
@@ -148,7 +95,7 @@ def test_more_rows_than_one_give_qgemms_numbers():
     """The rewrite takes one-row GEMMs only, but the op is right for any row count (a graph
     whose batch changed under it must not give wrong numbers)."""
     rng = np.random.default_rng(4)
-    model = _qgemm(rng, 64, 40, rows=5, float_out=False)
+    model = qgemm(rng, 64, 40, rows=5, float_out=False)
     x = random_input(rng, (5, 64), TensorProto.UINT8)
     expected, got, _ = _both(model, x)
     np.testing.assert_array_equal(got, expected)
@@ -161,26 +108,26 @@ def _initializer(model: onnx.ModelProto, name: str) -> onnx.TensorProto:
 def test_what_stays_onnx_runtimes():
     rng = np.random.default_rng(5)
     # more than one row, or an unknown row count
-    assert rewrite_gemv(_qgemm(rng, 32, 16, rows=8), {"fc": 8}) == 0
-    assert rewrite_gemv(_qgemm(rng, 32, 16), {}) == 0
+    assert rewrite_gemv(qgemm(rng, 32, 16, rows=8), {"fc": 8}) == 0
+    assert rewrite_gemv(qgemm(rng, 32, 16), {}) == 0
     # B with a zero point other than 0
-    model = _qgemm(rng, 32, 16)
+    model = qgemm(rng, 32, 16)
     _initializer(model, "bz").CopyFrom(numpy_helper.from_array(np.full(16, 3, np.int8), "bz"))
     assert rewrite_gemv(model, {"fc": 1}) == 0
     # B not a constant
-    model = _qgemm(rng, 32, 16)
+    model = qgemm(rng, 32, 16)
     model.graph.initializer.remove(_initializer(model, "b"))
     assert rewrite_gemv(model, {"fc": 1}) == 0
     # A transposed
-    model = _qgemm(rng, 32, 16)
+    model = qgemm(rng, 32, 16)
     model.graph.node[0].attribute.append(helper.make_attribute("transA", 1))
     assert rewrite_gemv(model, {"fc": 1}) == 0
     # y with a scale but no zero point (or the reverse): not a form ORT's optimizer writes
-    model = _qgemm(rng, 32, 16, float_out=False)
+    model = qgemm(rng, 32, 16, float_out=False)
     model.graph.node[0].input[8] = ""
     assert rewrite_gemv(model, {"fc": 1}) == 0
     # a bias that takes a partial sum past int32
-    model = _qgemm(rng, 32, 16)
+    model = qgemm(rng, 32, 16)
     c = numpy_helper.to_array(_initializer(model, "c")).copy()
     c[3] = 2**31 - 100
     _initializer(model, "c").CopyFrom(numpy_helper.from_array(c, "c"))
@@ -190,7 +137,7 @@ def test_what_stays_onnx_runtimes():
 
 def test_bad_inputs_name_the_op_and_the_problem():
     rng = np.random.default_rng(1)
-    model = _qgemm(rng, 32, 16)
+    model = qgemm(rng, 32, 16)
     rewrite_gemv(model, {"fc": 1})
     geometry = next(i for i in model.graph.initializer if i.name.endswith("/geometry"))
     values = numpy_helper.to_array(geometry).copy()
@@ -198,7 +145,7 @@ def test_bad_inputs_name_the_op_and_the_problem():
     geometry.CopyFrom(numpy_helper.from_array(values, geometry.name))
     with pytest.raises(Exception, match="GemvU8F: geometry out of range"):
         op_session(model).run(None, {"x": random_input(rng, (1, 32), TensorProto.UINT8)})
-    model = _qgemm(rng, 32, 16)
+    model = qgemm(rng, 32, 16)
     rewrite_gemv(model, {"fc": 1})
     weights = next(i for i in model.graph.initializer if i.name.endswith("/weights"))
     weights.CopyFrom(numpy_helper.from_array(np.zeros(10, np.int8), weights.name))
@@ -313,7 +260,7 @@ def test_scales_are_formed_in_qgemms_order():
     else:
         pytest.fail("no scales found whose orders round differently")
     biases = np.resize(np.concatenate([h[:32] for h in hits]), 64).astype(np.int32)
-    model = _qgemm(rng, 4, 64, float_out=False, zp_y=128, per_column=False)
+    model = qgemm(rng, 4, 64, float_out=False, zp_y=128, per_column=False)
     weights = np.zeros((64, 4), np.int8)
     weights[:, 0] = 1
     for name, value in (("as", a_s), ("bs", b_s), ("ys", y_s), ("b", weights), ("c", biases)):

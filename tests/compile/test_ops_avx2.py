@@ -1,7 +1,8 @@
 """The extension ops' AVX2 forms, which an AVX-512 host's own runs never take: the lookups'
 (csrc/runtime/ort_lookup.cpp: byte and float lookups, clamps, means and product pairs) and the
 depthwise and grouped convs' (csrc/runtime/ort_depthwise_rows.inc in 8 lanes) and the narrow
-conv's (csrc/runtime/ort_narrow.cpp, 16-bit products). Their tests run
+conv's (csrc/runtime/ort_narrow.cpp, 16-bit products) and the exact 16-bit GEMM's
+(csrc/runtime/ort_pair_gemm.cpp). Their tests run
 again in a process whose CPUID shows an AVX2-only CPU (scripts/cpu_kind.py's stand-in), after a
 check that the form under test is the AVX2 one, not the portable loop."""
 
@@ -31,6 +32,9 @@ SUITES = {
         ["tests/compile/test_depthwise.py", "tests/compile/test_grouped_conv.py"],
     ),
     "narrow": ("_narrow_kernel", ["tests/compile/test_narrow_op.py"]),
+    # the op the sim takes only where its kernels are ORT's u8u8 ones (no VNNI): its compiled
+    # model's convs move only here
+    "pairs": ("_pair_gemm_kernel", ["tests/compile/test_pair_gemm.py"]),
 }
 
 pytestmark = pytest.mark.skipif(

@@ -132,6 +132,64 @@ def narrow_qlinearconv(
     return conv_graph(nodes, inits, shape, x_type)
 
 
+def qgemm(
+    rng: np.random.Generator,
+    k: int,
+    n: int,
+    a_type=TensorProto.UINT8,
+    zp_a=128,
+    float_out=True,
+    zp_y=100,
+    alpha=1.0,
+    trans_b=True,
+    per_column=True,
+    bias=True,
+    bias_scale=5000,
+    rows=1,
+    w_type=TensorProto.INT8,
+) -> onnx.ModelProto:
+    """One QGemm (com.microsoft, as ORT's optimizer writes it) from x [rows, k] with random
+    weights, scales and bias: int8 weights (zero point 0), or with `w_type` UINT8 the same
+    integers plus 128 (zero point 128: ORT's u8u8 kernels, as the sim's `mixed` path writes)."""
+    b = rng.integers(-127, 128, (n, k) if trans_b else (k, n)).astype(np.int8)
+    zero = np.int8(0)
+    if w_type == TensorProto.UINT8:
+        b, zero = (b.astype(np.int16) + 128).astype(np.uint8), np.uint8(128)
+    b_scale = rng.uniform(0.001, 0.02, n if per_column else 1).astype(np.float32)
+    a_scale = np.float32(rng.uniform(0.005, 0.05))
+    # y's scale puts the outputs some 40 steps either side of its zero point
+    y_scale = np.float32(a_scale * b_scale.mean() * np.sqrt(k) * 80 * 73 / 40)
+    inits = [
+        numpy_helper.from_array(np.array(a_scale, np.float32), "as"),
+        numpy_helper.from_array(np.array(zp_a, NP[a_type]), "az"),
+        numpy_helper.from_array(b, "b"),
+        numpy_helper.from_array(b_scale if per_column else b_scale.reshape(()), "bs"),
+        numpy_helper.from_array(np.full(n, zero) if per_column else np.array(zero), "bz"),
+    ]
+    inputs = ["x", "as", "az", "b", "bs", "bz"]
+    if bias:
+        c = rng.integers(-bias_scale, bias_scale + 1, n).astype(np.int32)
+        inits.append(numpy_helper.from_array(c, "c"))
+    inputs.append("c" if bias else "")
+    if not float_out:
+        inits.append(numpy_helper.from_array(np.array(y_scale, np.float32), "ys"))
+        inits.append(numpy_helper.from_array(np.array(zp_y, NP[a_type]), "yz"))
+        inputs += ["ys", "yz"]
+    node = helper.make_node(
+        "QGemm", inputs, ["y"], domain="com.microsoft", name="fc", alpha=alpha,
+        transB=int(trans_b),
+    )  # fmt: skip
+    y_type = TensorProto.FLOAT if float_out else a_type
+    graph = helper.make_graph(
+        [node], "gemm",
+        [helper.make_tensor_value_info("x", a_type, [rows, k])],
+        [helper.make_tensor_value_info("y", y_type, None)], inits,
+    )  # fmt: skip
+    return helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)]
+    )
+
+
 def op_session(model: onnx.ModelProto, threads: int = 1):
     """A session of `model` as it stands (no ORT optimization) with the extension's ops."""
     import onnxruntime as ort
@@ -153,9 +211,11 @@ def random_input(rng: np.random.Generator, shape, x_type: int) -> np.ndarray:
 
 def exact_reference(model: onnx.ModelProto) -> onnx.ModelProto:
     """`model`, or where this CPU's ORT u8s8 kernels add pairs in saturating int16 (no VNNI:
-    runtime/sim_kernels.py) a copy whose QLinearConvs over uint8 inputs hold their int8 weights
-    as uint8 with 128 added to weights and zero points: the same integers w - zp, through ORT's
-    u8u8 kernels, which are exact on every CPU. (Its int8-input convs are exact either way.)"""
+    runtime/sim_kernels.py) a copy whose QLinearConvs and QGemms over uint8 inputs hold their
+    int8 weights as uint8 with 128 added to weights and zero points: the same integers w - zp,
+    through ORT's u8u8 kernels, which are exact on every CPU. (Its int8-input ones are exact
+    either way.) Both ops hold x's zero point, the weights and their zero points as inputs 2, 3
+    and 5."""
     from torch_fl.bpu.runtime import sim_kernels
 
     if sim_kernels.probe("u8s8") is None:
@@ -164,7 +224,7 @@ def exact_reference(model: onnx.ModelProto) -> onnx.ModelProto:
     copy.CopyFrom(model)
     inits = {i.name: i for i in copy.graph.initializer}
     for node in copy.graph.node:
-        x_zero = inits.get(node.input[2]) if node.op_type == "QLinearConv" else None
+        x_zero = inits.get(node.input[2]) if node.op_type in ("QLinearConv", "QGemm") else None
         if x_zero is None or x_zero.data_type != TensorProto.UINT8:  # x's type is its zero's
             continue
         for name in (node.input[3], node.input[5]):  # weights, weight zero points

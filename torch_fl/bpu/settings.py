@@ -447,6 +447,17 @@ class BpuSettings:
         "Elsewhere, or False, the narrow convs' exact float form (conversion/narrow_convs.py).",
         "FLAGOS_BPU_SIM_NARROW_OP",
     )
+    sim_pair_gemm: bool = _option(
+        True,
+        _parse_bool,
+        "bool",
+        "In the sim's fused integer graph, where its kernels are ONNX Runtime's u8u8 ones (an x86 "
+        "CPU without AVX512-VNNI), run each 1x1 int8 conv (stride 1, no pads) and each 8-bit "
+        "GEMM with uint8 weights on the extension's own op: AVX2's exact 16-bit products into "
+        "the ORT op's own int32, then its output step, so the bytes are ORT's "
+        "(conversion/pair_gemm.py). False: ORT's QLinearConv and QGemm run them.",
+        "FLAGOS_BPU_SIM_PAIR_GEMM",
+    )
     # last: the field named `float` shadows the builtin in the rest of the class body
     int16: tuple = _option(
         (),

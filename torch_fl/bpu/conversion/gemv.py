@@ -19,6 +19,8 @@ are symmetric), A not transposed, and every partial sum inside int32.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
@@ -27,7 +29,15 @@ from torch_fl.bpu.conversion.depthwise import replace_convs
 from torch_fl.bpu.conversion.inferred_shapes import InferredShapes, inferred_shapes
 from torch_fl.bpu.conversion.qlinear_conv import RANGE
 
-__all__ = ["OPS", "candidates", "gemm_rows", "pack_weights", "rewrite_gemv"]
+__all__ = [
+    "OPS",
+    "GemmParts",
+    "candidates",
+    "gemm_parts",
+    "gemm_rows",
+    "pack_weights",
+    "rewrite_gemv",
+]
 
 OPS = {
     (TensorProto.UINT8, False): "GemvU8",
@@ -81,9 +91,27 @@ def _const(inits: dict, name: str) -> np.ndarray | None:
     return numpy_helper.to_array(inits[name]) if name in inits else None
 
 
-def _plan(node: onnx.NodeProto, inits: dict) -> dict | None:
-    """The Gemv inputs for `node`, or None where it is not a QGemm with constant B (int8, zero
-    point 0), scales, zero points and C, an untransposed A, and partial sums inside int32."""
+@dataclass(frozen=True)
+class GemmParts:
+    a_type: int
+    """TensorProto.UINT8 or INT8: A's type (and an 8-bit y's)."""
+    weights: np.ndarray
+    """int64 [K, N]: B less its zero point, as A @ B reads it."""
+    signed_weights: bool
+    """Whether B is int8 with zero point 0 (the Gemv op's VNNI operand)."""
+    c: np.ndarray
+    """int64 [N]: QGemm's int32 C (0 where it has none)."""
+    scale: np.ndarray
+    """float32 [N]: the output scale, as QGemm forms it."""
+    zp_a: int
+    zp_y: int
+    """y's zero point (0 for a float y)."""
+    float_out: bool
+
+
+def gemm_parts(node: onnx.NodeProto, inits: dict) -> GemmParts | None:
+    """`node`'s parts where it is a QGemm with constant B (8-bit), scales, zero points and C and
+    an untransposed A; None otherwise (conversion/pair_gemm.py shares this)."""
     if node.op_type != "QGemm" or node.domain != "com.microsoft" or len(node.input) < 6:
         return None
     names = list(node.input) + [""] * (9 - len(node.input))
@@ -96,13 +124,14 @@ def _plan(node: onnx.NodeProto, inits: dict) -> dict | None:
         return None
     a_scale_v, a_zp_v, b, b_scale_v, b_zp_v = parts
     a_type = inits[a_zp].data_type
-    if a_type not in RANGE or b.dtype != np.int8 or b.ndim != 2 or np.any(b_zp_v != 0):
+    if a_type not in RANGE or b.dtype not in (np.int8, np.uint8) or b.ndim != 2:
         return None
     if a_scale_v.size != 1 or a_zp_v.size != 1:
         return None
-    weights = b.T if attrs.get("transB", 0) else b  # [K, N]
+    trans_b = attrs.get("transB", 0)
+    weights = b.T if trans_b else b  # [K, N]
     k, n = weights.shape
-    if b_scale_v.size not in (1, n):
+    if b_scale_v.size not in (1, n) or b_zp_v.size not in (1, n):
         return None
     c = np.zeros(n, np.int64)
     if c_name:
@@ -130,18 +159,38 @@ def _plan(node: onnx.NodeProto, inits: dict) -> dict | None:
     )
     if not float_out:
         scale = scale / np.float32(y_scale_v.reshape(-1)[0])
+    zero = np.broadcast_to(b_zp_v.reshape(-1).astype(np.int64), (n,))
+    return GemmParts(
+        a_type=a_type,
+        weights=weights.astype(np.int64) - zero,
+        signed_weights=b.dtype == np.int8 and not np.any(b_zp_v != 0),
+        c=c,
+        scale=scale.astype(np.float32),
+        zp_a=int(a_zp_v.reshape(-1)[0]),
+        zp_y=zp_y,
+        float_out=float_out,
+    )
+
+
+def _plan(node: onnx.NodeProto, inits: dict) -> dict | None:
+    """The Gemv inputs for `node`, or None where it is not a QGemm with constant B (int8, zero
+    point 0), scales, zero points and C, an untransposed A, and partial sums inside int32."""
+    gemm = gemm_parts(node, inits)
+    if gemm is None or not gemm.signed_weights:
+        return None
+    k = gemm.weights.shape[0]
     # a's bytes as the op reads them: int8 shifted by 128, so its zero point shifts too
-    zp_a = int(a_zp_v.reshape(-1)[0]) + (128 if a_type == TensorProto.INT8 else 0)
-    w64 = weights.astype(np.int64)
-    corr = c - zp_a * w64.sum(axis=0)
+    zp_a = gemm.zp_a + (128 if gemm.a_type == TensorProto.INT8 else 0)
+    w64 = gemm.weights
+    corr = gemm.c - zp_a * w64.sum(axis=0)
     # every partial sum inside int32, as MLAS's accumulator: |corr| plus the widest products
     if int((np.abs(corr) + 255 * np.abs(w64).sum(axis=0)).max()) >= INT32:
         return None
     return {  # replace_convs' inputs: the op's corr in its "bias" slot
         "prefix": "gemv",
-        "op": OPS[(a_type, float_out)],
-        "weights": pack_weights(weights),
+        "op": OPS[(gemm.a_type, gemm.float_out)],
+        "weights": pack_weights(w64.astype(np.int8)),
         "bias": corr.astype(np.int32),
-        "scale": scale.astype(np.float32),
-        "geometry": np.array([k, zp_y, 0], np.int64),
+        "scale": gemm.scale,
+        "geometry": np.array([k, gemm.zp_y, 0], np.int64),
     }

@@ -1,7 +1,7 @@
 """The graph a fused sim session opens: ONNX Runtime's own optimized form of the integer graph,
 with the extension's ops in it (conversion/lookups.py and lookup_mean.py, conversion/depthwise.py,
 conversion/grouped_conv.py, conversion/narrow_op.py, conversion/max_pool.py,
-conversion/concat_lookup.py, conversion/gemv.py).
+conversion/concat_lookup.py, conversion/gemv.py, conversion/pair_gemm.py).
 
 The rewrites work on ORT's optimized form rather than on the graph it receives: there the
 integer convs already run channels-last with the transposes between them cancelled, and an op
@@ -34,6 +34,8 @@ from torch_fl.bpu.conversion.max_pool import candidates as pool_candidates
 from torch_fl.bpu.conversion.max_pool import rewrite_max_pools
 from torch_fl.bpu.conversion.narrow_op import MAX_OUTPUTS, rewrite_narrow
 from torch_fl.bpu.conversion.narrow_op import candidates as narrow_candidates
+from torch_fl.bpu.conversion.pair_gemm import candidates as pair_candidates
+from torch_fl.bpu.conversion.pair_gemm import rewrite_pair_gemm
 from torch_fl.bpu.conversion.session_shapes import declare_shapes
 
 __all__ = ["SessionGraph", "session_graph"]
@@ -62,6 +64,8 @@ class SessionGraph:
     folded in: among `lookups`)."""
     gemv: int = 0
     """One-row 8-bit GEMMs now the extension's Gemv op."""
+    pair_gemms: int = 0
+    """1x1 int8 convs and 8-bit GEMMs with uint8 weights now the extension's PairGemm op."""
 
 
 def session_graph(
@@ -74,6 +78,7 @@ def session_graph(
     pools: bool = False,
     grouped: bool | None = None,
     narrow_outputs: int = MAX_OUTPUTS,
+    pair_gemm: bool = False,
 ) -> SessionGraph:
     """ORT's optimized form of the integer graph `model` (without the optimizers in `disabled`)
     with its elementwise chains as lookups where `lookups` (a float lookup and the mean over it
@@ -83,7 +88,8 @@ def session_graph(
     `dot` (AVX512-VNNI) and that op takes them, its convs over few input channels (at most
     `narrow_outputs` outputs) as NarrowConv where `narrow`, its channels-first 8-bit max pools
     as MaxPool where `pools`, its 8-bit concats as ConcatLookup where `lookups`, and its one-row
-    8-bit GEMMs as Gemv where `dot`. No ORT pass is spent where no rewrite has anything to
+    8-bit GEMMs as Gemv where `dot`, and its 1x1 convs and GEMMs with uint8 weights (ORT's
+    u8u8 kernels) as PairGemm where `pair_gemm`. No ORT pass is spent where no rewrite has anything to
     replace."""
     want_lookups = lookups and has_chains(model)
     want_depthwise = depthwise and candidates(model) > 0
@@ -97,9 +103,10 @@ def session_graph(
     has_gemms = any(node.op_type == "Gemm" for node in model.graph.node)
     rows = gemm_rows(shapes()) if dot and has_gemms else {}
     want_gemv = gemv_candidates(rows) > 0
+    want_pairs = pair_gemm and pair_candidates(model) > 0
     wanted = (
         want_lookups, want_depthwise, want_grouped, want_narrow, want_pools, want_concats,
-        want_gemv,
+        want_gemv, want_pairs,
     )  # fmt: skip
     if not any(wanted):
         return SessionGraph(None, 0, 0)
@@ -115,12 +122,18 @@ def session_graph(
     # last: a concat folds in the lookups above that feed it
     n_concats = rewrite_concats(optimized)[0] if want_concats else 0
     n_gemv = rewrite_gemv(optimized, rows) if want_gemv else 0
-    changed = n_lookups or n_depthwise or n_grouped or n_narrow or n_pools or n_concats or n_gemv
+    # after the narrow and one-row ops, which take their convs and GEMMs first
+    n_pairs = rewrite_pair_gemm(optimized) if want_pairs else 0
+    changed = (
+        n_lookups or n_depthwise or n_grouped or n_narrow or n_pools or n_concats or n_gemv
+        or n_pairs
+    )  # fmt: skip
     if changed:
         # the shapes ORT cannot infer past the extension's ops, where computable here: its
         # planner then lets byte lookups run in place (conversion/session_shapes.py)
         declare_shapes(optimized)
     data = optimized.SerializeToString() if changed else None
     return SessionGraph(
-        data, n_lookups, n_depthwise, n_narrow, n_means, n_grouped, n_pools, n_concats, n_gemv
-    )
+        data, n_lookups, n_depthwise, n_narrow, n_means, n_grouped, n_pools, n_concats, n_gemv,
+        n_pairs,
+    )  # fmt: skip

@@ -85,6 +85,14 @@ def narrow_kernel() -> str:
     return _C._narrow_kernel()
 
 
+def pair_gemm_kernel() -> str:
+    """Which form the extension's PairGemm op runs here: "avx2" or "portable"
+    (csrc/runtime/ort_pair_gemm.cpp). The sim uses the op only in its AVX2 form."""
+    from torch_fl import _C
+
+    return _C._pair_gemm_kernel()
+
+
 class Executor(Protocol):
     """Runs one partition: every partition input in, the partition's outputs out."""
 
@@ -131,6 +139,7 @@ class SimExecutor:
         lookups: bool = True,
         depthwise: bool = True,
         narrow: bool = True,
+        pair_gemm: bool = True,
     ) -> None:
         """`kernels`: the path of runtime/sim_kernels.py (None: float Q/DQ). `threads`: the ORT
         intra-op threads the session opens with (0: ORT's default); `thread_candidates`: the
@@ -142,7 +151,9 @@ class SimExecutor:
         ops have a vector form here (DepthwiseConv: AVX-512 or AVX2; GroupedConv: AVX-512;
         GroupedDotConv: AVX512-VNNI); `narrow`: its convs over few input channels as the
         NarrowConv op (conversion/narrow_op.py) where that op has a vector form here (VNNI or
-        AVX2), else as exact float convs (conversion/narrow_convs.py)."""
+        AVX2), else as exact float convs (conversion/narrow_convs.py); `pair_gemm`: where the
+        kernels are ORT's u8u8 ones, its 1x1 convs and GEMMs with uint8 weights as the PairGemm
+        op (conversion/pair_gemm.py), where that op has its AVX2 form."""
         self.kernels = kernels or KernelChoice("float", "float Q/DQ")
         self.threads = threads
         self.thread_candidates = tuple(thread_candidates)
@@ -163,6 +174,8 @@ class SimExecutor:
         """How many one-row 8-bit GEMMs the session runs on the extension's op."""
         self.narrow_ops = 0
         """How many narrow int8 convs the session runs on the extension's op."""
+        self.pair_gemms = 0
+        """How many 1x1 int8 convs and GEMMs the session runs on the extension's PairGemm op."""
         self.lookup_means = 0
         """How many of the lookups run with the mean over them as one op."""
         self.float_narrow = True
@@ -182,11 +195,18 @@ class SimExecutor:
                     form = depthwise_kernel()
                     fast_depthwise = depthwise and form != "portable"
                     dot = depthwise and narrow_kernel() == "vnni"  # AVX512-VNNI's grouped convs
+                    # the u8u8 kernels' ops, where the exact 16-bit op has its AVX2 form
+                    pairs = (
+                        pair_gemm
+                        and self.kernels.path in ("mixed", "u8u8")
+                        and pair_gemm_kernel() == "avx2"
+                    )
                     # the pool op's plain loop beats ORT's channels-first byte pool too
                     self._open_rewritten(
                         model, lookups, fast_depthwise, fast_narrow, dot, pools=depthwise,
                         grouped=depthwise and form == "avx512",
                         narrow_outputs=MAX_OUTPUTS_BY_FORM.get(narrow_kernel(), 0),
+                        pair_gemm=pairs,
                     )  # fmt: skip
                 if not self._rewritten():
                     self._open_session(model.SerializeToString(), fused=True)
@@ -219,13 +239,13 @@ class SimExecutor:
     def _no_extension_ops(self) -> None:
         """The session runs none of the extension's ops: every count `_rewritten` adds is 0."""
         self.lookups = self.depthwise = self.grouped = self.narrow_ops = self.pools = 0
-        self.lookup_means = self.concats = self.gemv = 0
+        self.lookup_means = self.concats = self.gemv = self.pair_gemms = 0
 
     def _rewritten(self) -> int:
         """How many of the fused graph's nodes run on the extension's ops."""
         return (
             self.lookups + self.depthwise + self.grouped + self.narrow_ops + self.pools
-            + self.concats + self.gemv
+            + self.concats + self.gemv + self.pair_gemms
         )  # fmt: skip
 
     def _open_rewritten(
@@ -238,6 +258,7 @@ class SimExecutor:
         pools: bool = False,
         grouped: bool = False,
         narrow_outputs: int = 0,
+        pair_gemm: bool = False,
     ) -> None:
         """Open the session on ORT's optimized form of the fused graph `model` with the
         extension's ops in it (conversion/session_graph.py); where it has nothing to replace or
@@ -246,13 +267,14 @@ class SimExecutor:
         try:
             graph = session_graph(
                 model, UNFUSED, lookups, depthwise, narrow, dot, pools, grouped=grouped,
-                narrow_outputs=narrow_outputs,
+                narrow_outputs=narrow_outputs, pair_gemm=pair_gemm,
             )  # fmt: skip
             if graph.data is not None:
                 self.lookups, self.depthwise = graph.lookups, graph.depthwise
                 self.narrow_ops, self.lookup_means = graph.narrow, graph.means
                 self.grouped, self.pools = graph.grouped, graph.pools
                 self.concats, self.gemv = graph.concats, graph.gemv
+                self.pair_gemms = graph.pair_gemms
                 self._open_session(graph.data, fused=True)
         except Exception as exc:  # noqa: BLE001  (any failure: ORT's own ops run the graph)
             self._no_extension_ops()

@@ -496,6 +496,7 @@ class PartitionRuntime(torch.nn.Module):
                 "narrow_ops": getattr(inner, "narrow_ops", 0),
                 "lookup_means": getattr(inner, "lookup_means", 0),
                 "gemv": getattr(inner, "gemv", 0),
+                "pair_gemms": getattr(inner, "pair_gemms", 0),
             }
             if kernels is not None
             else None

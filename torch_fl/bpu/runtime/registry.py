@@ -65,6 +65,7 @@ def _make_sim(spec: PartitionSpec, settings: BpuSettings, result: BuildResult) -
         lookups=settings.sim_lookups,
         depthwise=settings.sim_depthwise,
         narrow=settings.sim_narrow_op,
+        pair_gemm=settings.sim_pair_gemm,
     )
 
 

@@ -1,0 +1,9 @@
+// The sim's exact 8-bit GEMM op on 16-bit products (ort_pair_gemm.cpp), described for explain().
+#pragma once
+
+namespace torch_fl {
+
+// Which form the PairGemm ops use here: "avx2" or "portable" (the plain loop).
+const char* pair_gemm_kernel();
+
+}  // namespace torch_fl

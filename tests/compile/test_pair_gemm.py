@@ -1,0 +1,248 @@
+"""The sim's exact 16-bit GEMM op (conversion/pair_gemm.py, csrc/runtime/ort_pair_gemm.cpp)
+against ONNX Runtime's own channels-last 1x1 QLinearConv and QGemm, byte for byte or float for
+float, in real sessions: x's type and zero point, uint8 and int8 weights, per-tensor and
+per-channel scales, bias or none, y's zero point, float y, odd K, output counts off the op's
+blocks of 16 and 8, row counts off its register tiles, 1 and 2 threads, the AVX2 form and the
+plain loop; then the rewrite's limits, its errors and a compiled model.
+
+The reference is ORT's u8u8 kernels (`exact_reference`), exact on every CPU; on this project's
+AVX-512 host the op's AVX2 form runs here too (`_pair_gemm_kernel()`), and the sim takes the op
+only where its kernels are ORT's u8u8 ones: tests/compile/test_ops_avx2.py runs this file again
+as an AVX2-only CPU, where the compiled model's convs move."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+import torch
+from onnx import TensorProto, helper, numpy_helper
+
+from tests.support.sim_ops import (
+    compiled_both_ways,
+    exact_reference,
+    narrow_qlinearconv,
+    op_session,
+    qgemm,
+    random_input,
+)
+from torch_fl import _C
+from torch_fl.bpu.conversion.pair_gemm import OPS, candidates, pack_pairs, rewrite_pair_gemm
+
+ort = pytest.importorskip("onnxruntime")
+
+
+def _conv(rng, shape, outputs, **kw) -> onnx.ModelProto:
+    """One channels-last 1x1 QLinearConv over NHWC `shape` (uint8 weights unless told)."""
+    kw.setdefault("w_type", TensorProto.UINT8)
+    kw.setdefault("pads", (0, 0, 0, 0))
+    return narrow_qlinearconv(rng, shape, outputs, (1, 1), **kw)
+
+
+def _both(model, x, form=0, threads=1, u8u8_only=True):
+    """(ORT's exact output for `model`, the PairGemm op's, the rewritten graph's op types)."""
+    expected = op_session(exact_reference(model), threads).run(None, {"x": x})[0]
+    rewritten = onnx.ModelProto()
+    rewritten.CopyFrom(model)
+    assert rewrite_pair_gemm(rewritten, u8u8_only=u8u8_only, form=form) == 1
+    got = op_session(rewritten, threads).run(None, {"x": x})[0]
+    return expected, got, [n.op_type for n in rewritten.graph.node]
+
+
+CONV_QUANT = [
+    dict(),
+    dict(zp_x=0, zp_y=0),
+    dict(zp_x=255, zp_y=255, per_channel=False),
+    dict(bias=False),
+    dict(w_type=TensorProto.INT8),  # int8 weights: taken where u8u8_only is off
+    # int8 x (ORT has no int8 x with uint8 weights)
+    dict(x_type=TensorProto.INT8, zp_x=0, zp_y=-5, w_type=TensorProto.INT8),
+    dict(x_type=TensorProto.INT8, zp_x=-128, zp_y=127, w_type=TensorProto.INT8),
+    dict(x_type=TensorProto.INT8, zp_x=17, zp_y=-128, per_channel=False, w_type=TensorProto.INT8),
+    dict(bias_scale=1_000_000),
+]
+# NHWC shapes and output counts: MobileNetV3's 16 -> 72 (smaller), odd K, fewer outputs than a
+# vector, half a block (24 = 16 + 8), rows off the register tile of 6 and the tile of 48
+CONV_SIZES = [
+    ((1, 9, 11, 16), 72),
+    ((2, 5, 7, 3), 5),
+    ((1, 4, 4, 40), 24),
+    ((1, 7, 7, 33), 17),
+    ((3, 1, 1, 96), 40),
+    ((1, 7, 9, 65), 130),
+]
+
+
+@pytest.mark.parametrize("form", [0, 1], ids=["fastest", "portable"])
+@pytest.mark.parametrize(
+    "quant", CONV_QUANT, ids=lambda q: ",".join(f"{k}={v}" for k, v in q.items()) or "default"
+)
+@pytest.mark.parametrize("size", CONV_SIZES, ids=str)
+def test_op_is_the_1x1_qlinearconv_byte_for_byte(size, quant, form):
+    shape, outputs = size
+    rng = np.random.default_rng(shape[-1] * 1000 + outputs)
+    model = _conv(rng, shape, outputs, **quant)
+    x_type = quant.get("x_type", TensorProto.UINT8)
+    for seed in range(2):
+        x = random_input(np.random.default_rng(seed), shape, x_type)
+        expected, got, ops = _both(model, x, form, u8u8_only=False)
+        assert ops == [OPS[(x_type, False)]]
+        assert got.dtype == expected.dtype and got.shape == expected.shape
+        assert got.shape == (*shape[:3], outputs)
+        np.testing.assert_array_equal(got, expected)
+    if outputs >= 17 and shape[-1] >= 16:
+        assert len(np.unique(expected)) > 20  # not trivially saturated
+
+
+GEMM_QUANT = [
+    dict(),
+    dict(float_out=False),
+    dict(float_out=False, zp_y=0, per_column=False),
+    dict(zp_a=0, bias=False, alpha=0.5),
+    dict(trans_b=False),
+    dict(a_type=TensorProto.INT8, zp_a=0, w_type=TensorProto.INT8),
+    dict(a_type=TensorProto.INT8, zp_a=-128, float_out=False, zp_y=-5, w_type=TensorProto.INT8),
+    dict(w_type=TensorProto.INT8, float_out=False),
+]
+
+
+@pytest.mark.parametrize("form", [0, 1], ids=["fastest", "portable"])
+@pytest.mark.parametrize(
+    "quant", GEMM_QUANT, ids=lambda q: ",".join(f"{k}={v}" for k, v in q.items()) or "default"
+)
+@pytest.mark.parametrize("size", [(197, 64, 48), (5, 37, 33), (1, 4, 16), (13, 130, 71)], ids=str)
+def test_op_is_the_qgemm_byte_for_byte(size, quant, form):
+    rows, k, n = size
+    rng = np.random.default_rng(rows * 100 + k)
+    quant = {"w_type": TensorProto.UINT8, **quant}
+    model = qgemm(rng, k, n, rows=rows, **quant)
+    a_type = quant.get("a_type", TensorProto.UINT8)
+    float_out = quant.get("float_out", True)
+    for seed in range(2):
+        x = random_input(np.random.default_rng(seed), (rows, k), a_type)
+        expected, got, ops = _both(model, x, form, u8u8_only=False)
+        assert ops == [OPS[(a_type, float_out)]]
+        assert got.dtype == expected.dtype and got.shape == expected.shape == (rows, n)
+        np.testing.assert_array_equal(got, expected)
+
+
+def test_rows_split_over_two_threads_are_the_same():
+    """A 1x1 conv at 56x56 splits into pieces of rows (kMinPieceWork, ort_pair_gemm.cpp) that
+    the session's threads share; split, its bytes are ORT's."""
+    rng = np.random.default_rng(3)
+    model = _conv(rng, (2, 56, 56, 16), 72)
+    x = random_input(rng, (2, 56, 56, 16), TensorProto.UINT8)
+    expected, got, _ = _both(model, x, threads=2)
+    np.testing.assert_array_equal(got, expected)
+
+
+def _initializer(model: onnx.ModelProto, name: str) -> onnx.TensorProto:
+    return next(i for i in model.graph.initializer if i.name == name)
+
+
+def test_what_stays_onnx_runtimes():
+    rng = np.random.default_rng(5)
+    shape = (1, 6, 6, 8)
+    # not a 1x1 conv of stride 1 without pads, or more than one group
+    assert rewrite_pair_gemm(narrow_qlinearconv(rng, shape, 8, (3, 3), w_type=2)) == 0
+    assert rewrite_pair_gemm(_conv(rng, shape, 8, strides=(2, 2))) == 0
+    assert rewrite_pair_gemm(_conv(rng, shape, 8, pads=(1, 1, 1, 1))) == 0
+    model = _conv(rng, shape, 8)
+    weights = numpy_helper.to_array(_initializer(model, "w"))[:, :4]
+    _initializer(model, "w").CopyFrom(numpy_helper.from_array(weights, "w"))
+    model.graph.node[0].attribute.append(helper.make_attribute("group", 2))
+    assert rewrite_pair_gemm(model) == 0
+    # int8 weights: ORT's u8s8 kernels, left to ORT where only the u8u8 ones are asked for
+    assert rewrite_pair_gemm(_conv(rng, shape, 8, w_type=TensorProto.INT8)) == 0
+    assert rewrite_pair_gemm(qgemm(rng, 32, 16, rows=4)) == 0
+    # weights not a constant
+    model = qgemm(rng, 32, 16, rows=4, w_type=TensorProto.UINT8)
+    model.graph.initializer.remove(_initializer(model, "b"))
+    assert rewrite_pair_gemm(model) == 0
+    # A transposed
+    model = qgemm(rng, 32, 16, rows=4, w_type=TensorProto.UINT8)
+    model.graph.node[0].attribute.append(helper.make_attribute("transA", 1))
+    assert rewrite_pair_gemm(model) == 0
+    # a bias that takes a partial sum past int32
+    model = _conv(rng, shape, 8)
+    bias = numpy_helper.to_array(_initializer(model, "b")).copy()
+    bias[3] = 2**31 - 100
+    _initializer(model, "b").CopyFrom(numpy_helper.from_array(bias, "b"))
+    assert rewrite_pair_gemm(model) == 0
+    assert [n.op_type for n in model.graph.node] == ["QLinearConv"]
+
+
+def test_bad_inputs_name_the_op_and_the_problem():
+    rng = np.random.default_rng(1)
+    model = _conv(rng, (1, 4, 4, 16), 24)
+    assert rewrite_pair_gemm(model) == 1
+    x = random_input(rng, (1, 4, 4, 16), TensorProto.UINT8)
+    model.graph.input[0].type.tensor_type.shape.dim[3].dim_param = "channels"  # any K reaches it
+    session = op_session(model)
+    # x whose last dimension is not the weights' K
+    with pytest.raises(Exception, match=r"PairGemmU8: x must be .* last dimension is K = 16"):
+        session.run(None, {"x": random_input(rng, (1, 4, 4, 15), TensorProto.UINT8)})
+    geometry = next(i for i in model.graph.initializer if i.name.endswith("/geometry"))
+    values = numpy_helper.to_array(geometry).copy()
+    values[2] = 7  # no such form
+    geometry.CopyFrom(numpy_helper.from_array(values, geometry.name))
+    with pytest.raises(Exception, match="PairGemmU8: geometry out of range"):
+        op_session(model).run(None, {"x": x})
+    values[2], values[0] = 0, 18  # K that the weights do not hold
+    geometry.CopyFrom(numpy_helper.from_array(values, geometry.name))
+    with pytest.raises(Exception, match=r"PairGemmU8: (x must be|weights must be)"):
+        op_session(model).run(None, {"x": x})
+
+
+def test_pack_pairs_layout():
+    w = np.arange(5 * 20, dtype=np.int64).reshape(5, 20) - 50  # [K, N]
+    packed = pack_pairs(w)
+    assert packed.shape == (2, 3, 16, 2) and packed.dtype == np.int16
+    # block b, pair p, lane l, j: w[2p + j, 16b + l], zeros past K and N
+    assert packed[1, 2, 3, 0] == w[4, 19] and packed[1, 2, 3, 1] == 0
+    assert packed[0, 1, 5, 1] == w[3, 5]
+    assert not packed[1, :, 4:].any()
+
+
+def test_candidates_count_1x1_convs_and_gemms_of_the_integer_graph():
+    rng = np.random.default_rng(2)
+    assert candidates(qgemm(rng, 8, 8)) == 1
+    assert candidates(narrow_qlinearconv(rng, (1, 4, 4, 3), 8, (3, 3))) == 0
+
+
+class _Pointwise(torch.nn.Module):
+    """1x1 convs after hardswish (no Relu bounds their input: ORT's u8u8 kernels on the `mixed`
+    path), and one after a Relu (u8s8, exact there: left to ORT)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = torch.nn.Sequential(
+            torch.nn.Conv2d(3, 16, 3, padding=1), torch.nn.Hardswish(),
+            torch.nn.Conv2d(16, 40, 1), torch.nn.Hardswish(),
+            torch.nn.Conv2d(40, 24, 1), torch.nn.ReLU(),
+            torch.nn.Conv2d(24, 16, 1),
+        )  # fmt: skip
+
+    def forward(self, x):
+        return self.body(x)
+
+
+def test_compiled_model_is_unchanged_by_the_op_and_explain_counts_it():
+    torch.manual_seed(0)
+    model = _Pointwise().eval()
+    x = torch.randn(2, 3, 20, 24)
+    samples = [torch.randn(2, 3, 20, 24) for _ in range(3)]
+    outs, runtimes, lines = compiled_both_ways(model, x, samples, "sim_pair_gemm", "pair GEMM")
+    sims = runtimes[True]
+    moves = _C._pair_gemm_kernel() == "avx2" and sims[0]._exec.kernels.path in ("mixed", "u8u8")
+    moved = sum(r._exec.pair_gemms for r in sims)
+    assert sum(r._exec.pair_gemms for r in runtimes[False]) == 0
+    if moves:
+        # the two after hardswish; on the u8u8 path the one after the Relu too
+        assert moved == (2 if sims[0]._exec.kernels.path == "mixed" else 3)
+        assert any(f"{moved} 1x1 int8 convs and GEMMs" in s for s in lines[True])
+    else:
+        assert moved == 0 and not lines[True]
+    assert not lines[False]
+    for a, b in zip(outs[True], outs[False], strict=True):
+        assert torch.equal(a, b)

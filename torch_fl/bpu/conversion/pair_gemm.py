@@ -1,0 +1,142 @@
+"""Pointwise convs and many-row GEMMs of ONNX Runtime's optimized sim graph as the extension's
+exact PairGemm op, where the sim's integer kernels are ORT's u8u8 ones.
+
+On an x86 CPU without VNNI, ORT's fast u8s8 kernels add int16 pairs that saturate, so the sim
+runs every op whose input no Relu bounds on ORT's u8u8 kernels (runtime/sim_kernels.py: the
+`mixed` path), and those were slower than ORT's own float kernels there: MobileNetV3-Small's
+1x1 conv from 16 to 72 channels at 56x56 took 181 us as u8u8 against 97 us in float (ORT's
+profiler, emulated AVX2, 1 thread). This pass replaces each channels-last 1x1 QLinearConv (stride
+1, no pads, one group) and each QGemm with constant weights by `torch_fl.bpu.PairGemm<U8|I8>[F]`
+(csrc/runtime/ort_pair_gemm.cpp): the same int32 accumulator from AVX2's exact 16-bit products
+(`vpmaddwd`), then the ORT op's own output step, so the result is ORT's byte for byte, or float
+for float (tests/compile/test_pair_gemm.py).
+
+Which ones: the executor asks for the pass only where its kernel path is `mixed` or `u8u8` and
+the op has its AVX2 form (`torch_fl._C._pair_gemm_kernel()`); `u8u8_only` then keeps the ops
+whose weights are int8 (the `mixed` path's u8s8 convs, exact and fast in ORT's own kernel) with
+ORT. Every partial sum must stay inside int32, as ORT's accumulator does.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import TensorProto
+
+from torch_fl.bpu.conversion.depthwise import replace_convs
+from torch_fl.bpu.conversion.gemv import gemm_parts
+from torch_fl.bpu.conversion.qlinear_conv import conv_parts
+
+__all__ = ["OPS", "candidates", "pack_pairs", "rewrite_pair_gemm"]
+
+OPS = {
+    (TensorProto.UINT8, False): "PairGemmU8",
+    (TensorProto.UINT8, True): "PairGemmU8F",
+    (TensorProto.INT8, False): "PairGemmI8",
+    (TensorProto.INT8, True): "PairGemmI8F",
+}
+"""The op for x's 8-bit type and whether y is float."""
+INT32 = 2**31
+_X_SHIFT = {TensorProto.UINT8: 0, TensorProto.INT8: 128}
+"""What the op adds to x's values as it widens them (int8 read as x + 128: ort_pair_gemm.cpp)."""
+
+
+def candidates(model: onnx.ModelProto) -> int:
+    """How many 1x1 Convs and Gemms (or their ORT-fused forms) the integer graph `model`
+    (before ORT's optimizer) has: `rewrite_pair_gemm` decides each on ORT's graph."""
+    shapes = {i.name: list(i.dims) for i in model.graph.initializer}
+    producer = {o: n for n in model.graph.node for o in n.output}
+    count = 0
+    for node in model.graph.node:
+        if node.op_type in ("Gemm", "QGemm", "MatMul"):
+            count += 1
+            continue
+        if node.op_type not in ("Conv", "QLinearConv"):
+            continue
+        name = node.input[1] if node.op_type == "Conv" else node.input[3]
+        dq = producer.get(name)
+        if dq is not None and dq.op_type == "DequantizeLinear":
+            name = dq.input[0]
+        dims = shapes.get(name)
+        count += dims is not None and len(dims) == 4 and dims[2:] == [1, 1]
+    return count
+
+
+def pack_pairs(w: np.ndarray) -> np.ndarray:
+    """Weights as [K, N] integers (less their zero point) -> the op's [N16 / 16, K2, 16, 2]
+    int16 layout, padded with zeros."""
+    k, n = w.shape
+    k2, n16 = -(-k // 2) * 2, -(-n // 16) * 16
+    padded = np.zeros((k2, n16), np.int16)
+    padded[:k, :n] = w
+    return np.ascontiguousarray(padded.reshape(k2 // 2, 2, n16 // 16, 16).transpose(2, 0, 3, 1))
+
+
+def rewrite_pair_gemm(model: onnx.ModelProto, u8u8_only: bool = True, form: int = 0) -> int:
+    """Replace, in place, each qualifying channels-last 1x1 QLinearConv and QGemm of ORT's
+    optimized `model` with a PairGemm op; returns how many. With `u8u8_only`, only those whose
+    weights are uint8 (ORT's u8u8 kernels) qualify. `form` 1 asks the op for its plain loop
+    (tests compare the forms)."""
+    return replace_convs(model, lambda node, inits: _plan(node, inits, u8u8_only), form)
+
+
+def _plan(node: onnx.NodeProto, inits: dict, u8u8_only: bool) -> dict | None:
+    if node.op_type == "QLinearConv":
+        weights_name = node.input[3] if len(node.input) > 3 else ""
+        return _conv_plan(node, inits) if _takes(inits, weights_name, u8u8_only) else None
+    if node.op_type == "QGemm":
+        weights_name = node.input[3] if len(node.input) > 3 else ""
+        return _gemm_plan(node, inits) if _takes(inits, weights_name, u8u8_only) else None
+    return None
+
+
+def _takes(inits: dict, weights_name: str, u8u8_only: bool) -> bool:
+    init = inits.get(weights_name)
+    if init is None:
+        return False
+    return not u8u8_only or init.data_type == TensorProto.UINT8
+
+
+def _conv_plan(node: onnx.NodeProto, inits: dict) -> dict | None:
+    """The op's inputs for a channels-last 1x1 QLinearConv of stride 1, no pads and one group
+    (a GEMM over its pixels), or None."""
+    conv = conv_parts(node, inits)
+    if conv is None or conv.group != 1 or conv.kernel != (1, 1):
+        return None
+    if conv.strides != (1, 1) or any(conv.pads):
+        return None
+    weights = conv.taps[:, :, 0, 0].T  # [K, N]
+    zp = conv.zp_x + _X_SHIFT[conv.x_type]
+    return _inputs(weights, conv.bias, zp, conv.scale, conv.zp_y, OPS[(conv.x_type, False)])
+
+
+def _gemm_plan(node: onnx.NodeProto, inits: dict) -> dict | None:
+    """The op's inputs for a QGemm with constant B, scales, zero points and C, or None."""
+    gemm = gemm_parts(node, inits)
+    if gemm is None:
+        return None
+    zp = gemm.zp_a + _X_SHIFT[gemm.a_type]
+    op = OPS[(gemm.a_type, gemm.float_out)]
+    return _inputs(gemm.weights, gemm.c, zp, gemm.scale, gemm.zp_y, op)
+
+
+def _inputs(
+    weights: np.ndarray, bias: np.ndarray, zp: int, scale: np.ndarray, zp_y: int, op: str
+) -> dict | None:
+    """replace_convs' inputs (the op's corr in its "bias" slot), or None where a partial sum
+    could leave int32 or a weight int16."""
+    w64 = weights.astype(np.int64)
+    if w64.size == 0 or np.abs(w64).max() > 255:
+        return None
+    corr = bias.astype(np.int64) - zp * w64.sum(axis=0)
+    # every partial sum inside int32, as ORT's accumulator: |corr| plus the widest products
+    if int((np.abs(corr) + 255 * np.abs(w64).sum(axis=0)).max()) >= INT32:
+        return None
+    return {
+        "prefix": "pair",
+        "op": op,
+        "weights": pack_pairs(w64),
+        "bias": corr.astype(np.int32),
+        "scale": np.asarray(scale, np.float32).reshape(-1),
+        "geometry": np.array([weights.shape[0], zp_y, 0], np.int64),
+    }
