@@ -26,8 +26,8 @@ from tests.support.sim_ops import (
     qgemm,
     random_input,
 )
-from torch_fl import _C
 from torch_fl.bpu.conversion.pair_gemm import OPS, candidates, pack_pairs, rewrite_pair_gemm
+from torch_fl.bpu.runtime.executors import takes_pair_gemms
 
 ort = pytest.importorskip("onnxruntime")
 
@@ -234,7 +234,7 @@ def test_compiled_model_is_unchanged_by_the_op_and_explain_counts_it():
     samples = [torch.randn(2, 3, 20, 24) for _ in range(3)]
     outs, runtimes, lines = compiled_both_ways(model, x, samples, "sim_pair_gemm", "pair GEMM")
     sims = runtimes[True]
-    moves = _C._pair_gemm_kernel() == "avx2" and sims[0]._exec.kernels.path in ("mixed", "u8u8")
+    moves = takes_pair_gemms(sims[0]._exec.kernels.path)
     moved = sum(r._exec.pair_gemms for r in sims)
     assert sum(r._exec.pair_gemms for r in runtimes[False]) == 0
     if moves:

@@ -87,10 +87,23 @@ def narrow_kernel() -> str:
 
 def pair_gemm_kernel() -> str:
     """Which form the extension's PairGemm op runs here: "avx2" or "portable"
-    (csrc/runtime/ort_pair_gemm.cpp). The sim uses the op only in its AVX2 form."""
+    (csrc/runtime/ort_pair_gemm.cpp)."""
     from torch_fl import _C
 
     return _C._pair_gemm_kernel()
+
+
+def takes_pair_gemms(path: str) -> bool:
+    """Whether the sim runs its 1x1 convs and GEMMs with uint8 weights on the PairGemm op, for
+    the kernel path `path` (runtime/sim_kernels.py): only on ORT's u8u8 kernels (elsewhere they
+    are u8s8 ones with int32 dot products, faster), and only where the op's AVX2 form meets
+    ORT's AVX2 ones: on an AVX-512 CPU ORT's u8u8 kernels are wider and beat it (0.77 to 0.93x
+    on ViT-S/16's GEMMs, scripts/bench_conv_ops.py on this project's host)."""
+    return (
+        path in ("mixed", "u8u8")
+        and pair_gemm_kernel() == "avx2"
+        and depthwise_kernel() != "avx512"
+    )
 
 
 class Executor(Protocol):
@@ -195,12 +208,7 @@ class SimExecutor:
                     form = depthwise_kernel()
                     fast_depthwise = depthwise and form != "portable"
                     dot = depthwise and narrow_kernel() == "vnni"  # AVX512-VNNI's grouped convs
-                    # the u8u8 kernels' ops, where the exact 16-bit op has its AVX2 form
-                    pairs = (
-                        pair_gemm
-                        and self.kernels.path in ("mixed", "u8u8")
-                        and pair_gemm_kernel() == "avx2"
-                    )
+                    pairs = pair_gemm and takes_pair_gemms(self.kernels.path)
                     # the pool op's plain loop beats ORT's channels-first byte pool too
                     self._open_rewritten(
                         model, lookups, fast_depthwise, fast_narrow, dot, pools=depthwise,
