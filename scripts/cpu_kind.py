@@ -4,8 +4,9 @@ host by masking what CPUID reports (`bench_sim.py --cpu-kind avx2`).
 Issue 20's targets hold per CPU kind, and the kernels each library runs are picked from CPUID at
 run time: ONNX Runtime's MLAS (AVX2 u8s8 GEMMs add products in saturating int16 where there is no
 VNNI, so the sim's probe moves it to its `mixed` path), PyTorch's ATen and oneDNN, and this
-project's extension (its lookups, depthwise and narrow convs take their AVX2 forms, its grouped
-and one-row GEMM ops their portable loops). The stand-in
+project's extension (its lookups, depthwise and narrow convs take their AVX2 forms, and the sim
+moves 1x1 convs and GEMMs to its pair GEMM op, which it leaves to ORT on AVX-512; its grouped and
+one-row GEMM ops their portable loops). The stand-in
 `cpu_kinds/avx2_only.c`, preloaded into a fresh process, clears the AVX-512, VNNI and AMX bits
 from CPUID before any of them looks, so each picks the code it picks on an AVX2-only host. The
 instructions then run on this host's cores, which is not the same as a Haswell's or a Zen 3's;
@@ -154,6 +155,7 @@ def check(kind: str) -> str:
 
     torch_isa = torch.backends.cpu.get_cpu_capability()
     ours, lookups, narrow = _C._depthwise_kernel(), _C._lookup_kernel(), _C._narrow_kernel()
+    pairs = _C._pair_gemm_kernel()
     if os.environ.get(MARK) != kind or torch_isa != "AVX2" or ours != "avx2":
         raise RuntimeError(
             f"the {kind} emulation did not take: PyTorch runs {torch_isa}, the extension's "
@@ -161,6 +163,6 @@ def check(kind: str) -> str:
         )
     return (
         f"{kind}, emulated (CPUID masked): PyTorch {torch_isa}, the extension's lookups "
-        f"{lookups}, its depthwise op {ours}, its narrow conv op {narrow}, its grouped and "
-        "one-row GEMM ops off (no AVX-512)"
+        f"{lookups}, its depthwise op {ours}, its narrow conv op {narrow}, its pair GEMM op "
+        f"{pairs}, its grouped and one-row GEMM ops off (no AVX-512)"
     )

@@ -28,7 +28,8 @@
 //     geometry  [3] int64: K, y's zero point (unused for float y), form (0: the fastest form
 //               here; 1: the plain loop, for tests that compare the two)
 //     y         [..., N] float (the F ops), else of x's type
-// conversion/pair_gemm.py writes them where the sim's integer kernels are the u8u8 ones.
+// conversion/pair_gemm.py writes them where the sim's integer kernels are the u8u8 ones and the
+// CPU has AVX2 but no AVX-512 (runtime/executors.takes_pair_gemms).
 #include "runtime/ort_pair_gemm.h"
 
 #include "runtime/ort_kernel.h"

@@ -126,6 +126,75 @@ def test_op_is_the_qgemm_byte_for_byte(size, quant, form):
         np.testing.assert_array_equal(got, expected)
 
 
+def _qlinear_matmul(
+    rng,
+    shape,
+    n,
+    x_type=TensorProto.UINT8,
+    zp_x=128,
+    zp_y=100,
+    w_type=TensorProto.UINT8,
+    per_column=True,
+) -> onnx.ModelProto:
+    """One QLinearMatMul (ai.onnx) from x of `shape` (..., K) by a constant [K, n] B."""
+    k = shape[-1]
+    b = rng.integers(-127, 128, (k, n))
+    b, zero = (
+        (b.astype(np.int8), 0) if w_type == TensorProto.INT8 else ((b + 128).astype(np.uint8), 128)
+    )
+    dtype = {TensorProto.UINT8: np.uint8, TensorProto.INT8: np.int8}
+    b_scale = rng.uniform(0.001, 0.02, n if per_column else 1).astype(np.float32)
+    a_scale = np.float32(rng.uniform(0.005, 0.05))
+    inits = [
+        numpy_helper.from_array(np.array(a_scale, np.float32), "as"),
+        numpy_helper.from_array(np.array(zp_x, dtype[x_type]), "az"),
+        numpy_helper.from_array(b, "b"),
+        numpy_helper.from_array(b_scale if per_column else b_scale.reshape(()), "bs"),
+        numpy_helper.from_array(
+            np.full(n, zero, b.dtype) if per_column else np.array(zero, b.dtype), "bz"
+        ),
+        numpy_helper.from_array(
+            np.array(a_scale * b_scale.mean() * np.sqrt(k) * 80, np.float32), "ys"
+        ),
+        numpy_helper.from_array(np.array(zp_y, dtype[x_type]), "yz"),
+    ]
+    node = helper.make_node(
+        "QLinearMatMul", ["x", "as", "az", "b", "bs", "bz", "ys", "yz"], ["y"], name="mm"
+    )
+    graph = helper.make_graph(
+        [node], "mm", [helper.make_tensor_value_info("x", x_type, list(shape))],
+        [helper.make_tensor_value_info("y", x_type, None)], inits,
+    )  # fmt: skip
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.mark.parametrize("form", [0, 1], ids=["fastest", "portable"])
+@pytest.mark.parametrize(
+    "quant",
+    [
+        dict(),
+        dict(zp_x=0, zp_y=255, per_column=False),
+        dict(w_type=TensorProto.INT8),
+        dict(x_type=TensorProto.INT8, zp_x=-3, zp_y=5, w_type=TensorProto.INT8),
+    ],
+    ids=lambda q: ",".join(f"{k}={v}" for k, v in q.items()) or "default",
+)
+@pytest.mark.parametrize("size", [((1, 197, 64), 48), ((3, 5, 37), 33), ((7, 130), 71)], ids=str)
+def test_op_is_the_qlinearmatmul_byte_for_byte(size, quant, form):
+    """ViT's linear layers over [batch, tokens, features] reach ORT as QLinearMatMul."""
+    shape, n = size
+    rng = np.random.default_rng(shape[-1] * 100 + n)
+    model = _qlinear_matmul(rng, shape, n, **quant)
+    x_type = quant.get("x_type", TensorProto.UINT8)
+    for seed in range(2):
+        x = random_input(np.random.default_rng(seed), shape, x_type)
+        expected, got, ops = _both(model, x, form, u8u8_only=False)
+        assert ops == [OPS[(x_type, False)]]
+        assert got.dtype == expected.dtype and got.shape == expected.shape == (*shape[:-1], n)
+        np.testing.assert_array_equal(got, expected)
+    assert len(np.unique(expected)) > 20  # not trivially saturated
+
+
 def test_rows_split_over_two_threads_are_the_same():
     """A 1x1 conv at 56x56 splits into pieces of rows (kMinPieceWork, ort_pair_gemm.cpp) that
     the session's threads share; split, its bytes are ORT's."""

@@ -211,11 +211,11 @@ def random_input(rng: np.random.Generator, shape, x_type: int) -> np.ndarray:
 
 def exact_reference(model: onnx.ModelProto) -> onnx.ModelProto:
     """`model`, or where this CPU's ORT u8s8 kernels add pairs in saturating int16 (no VNNI:
-    runtime/sim_kernels.py) a copy whose QLinearConvs and QGemms over uint8 inputs hold their
-    int8 weights as uint8 with 128 added to weights and zero points: the same integers w - zp,
-    through ORT's u8u8 kernels, which are exact on every CPU. (Its int8-input ones are exact
-    either way.) Both ops hold x's zero point, the weights and their zero points as inputs 2, 3
-    and 5."""
+    runtime/sim_kernels.py) a copy whose QLinearConvs, QGemms and QLinearMatMuls over uint8
+    inputs hold their int8 weights as uint8 with 128 added to weights and zero points: the same
+    integers w - zp, through ORT's u8u8 kernels, which are exact on every CPU. (Its int8-input
+    ones are exact either way.) Each of those ops holds x's zero point, the weights and their
+    zero points as inputs 2, 3 and 5."""
     from torch_fl.bpu.runtime import sim_kernels
 
     if sim_kernels.probe("u8s8") is None:
@@ -224,7 +224,8 @@ def exact_reference(model: onnx.ModelProto) -> onnx.ModelProto:
     copy.CopyFrom(model)
     inits = {i.name: i for i in copy.graph.initializer}
     for node in copy.graph.node:
-        x_zero = inits.get(node.input[2]) if node.op_type in ("QLinearConv", "QGemm") else None
+        ops = ("QLinearConv", "QGemm", "QLinearMatMul")
+        x_zero = inits.get(node.input[2]) if node.op_type in ops else None
         if x_zero is None or x_zero.data_type != TensorProto.UINT8:  # x's type is its zero's
             continue
         for name in (node.input[3], node.input[5]):  # weights, weight zero points

@@ -452,7 +452,7 @@ class BpuSettings:
         _parse_bool,
         "bool",
         "In the sim's fused integer graph, where its kernels are ONNX Runtime's u8u8 ones (an x86 "
-        "CPU without AVX512-VNNI), run each 1x1 int8 conv (stride 1, no pads) and each 8-bit "
+        "CPU without VNNI) and the CPU has AVX2 but no AVX-512, run each 1x1 int8 conv (stride 1, no pads) and each 8-bit "
         "GEMM with uint8 weights on the extension's own op: AVX2's exact 16-bit products into "
         "the ORT op's own int32, then its output step, so the bytes are ORT's "
         "(conversion/pair_gemm.py). False: ORT's QLinearConv and QGemm run them.",

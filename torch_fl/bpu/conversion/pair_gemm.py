@@ -5,14 +5,15 @@ On an x86 CPU without VNNI, ORT's fast u8s8 kernels add int16 pairs that saturat
 runs every op whose input no Relu bounds on ORT's u8u8 kernels (runtime/sim_kernels.py: the
 `mixed` path), and those were slower than ORT's own float kernels there: MobileNetV3-Small's
 1x1 conv from 16 to 72 channels at 56x56 took 181 us as u8u8 against 97 us in float (ORT's
-profiler, emulated AVX2, 1 thread). This pass replaces each channels-last 1x1 QLinearConv (stride
-1, no pads, one group) and each QGemm with constant weights by `torch_fl.bpu.PairGemm<U8|I8>[F]`
-(csrc/runtime/ort_pair_gemm.cpp): the same int32 accumulator from AVX2's exact 16-bit products
+profiler, emulated AVX2, 1 thread). This pass replaces each channels-last 1x1 QLinearConv
+(stride 1, no pads, one group), each QGemm and each QLinearMatMul with constant weights by
+`torch_fl.bpu.PairGemm<U8|I8>[F]` (csrc/runtime/ort_pair_gemm.cpp): the same int32 accumulator from AVX2's exact 16-bit products
 (`vpmaddwd`), then the ORT op's own output step, so the result is ORT's byte for byte, or float
 for float (tests/compile/test_pair_gemm.py).
 
-Which ones: the executor asks for the pass only where its kernel path is `mixed` or `u8u8` and
-the op has its AVX2 form (`torch_fl._C._pair_gemm_kernel()`); `u8u8_only` then keeps the ops
+Which ones: the executor asks for the pass only where its kernel path is `mixed` or `u8u8`, the
+op has its AVX2 form (`torch_fl._C._pair_gemm_kernel()`) and the CPU has no AVX-512, whose u8u8
+kernels in ORT are wider (runtime/executors.takes_pair_gemms); `u8u8_only` then keeps the ops
 whose weights are int8 (the `mixed` path's u8s8 convs, exact and fast in ORT's own kernel) with
 ORT. Every partial sum must stay inside int32, as ORT's accumulator does.
 """
@@ -21,7 +22,7 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
-from onnx import TensorProto
+from onnx import TensorProto, numpy_helper
 
 from torch_fl.bpu.conversion.depthwise import replace_convs
 from torch_fl.bpu.conversion.gemv import gemm_parts
@@ -48,7 +49,7 @@ def candidates(model: onnx.ModelProto) -> int:
     producer = {o: n for n in model.graph.node for o in n.output}
     count = 0
     for node in model.graph.node:
-        if node.op_type in ("Gemm", "QGemm", "MatMul"):
+        if node.op_type in ("Gemm", "QGemm", "MatMul", "QLinearMatMul"):
             count += 1
             continue
         if node.op_type not in ("Conv", "QLinearConv"):
@@ -87,6 +88,9 @@ def _plan(node: onnx.NodeProto, inits: dict, u8u8_only: bool) -> dict | None:
     if node.op_type == "QGemm":
         weights_name = node.input[3] if len(node.input) > 3 else ""
         return _gemm_plan(node, inits) if _takes(inits, weights_name, u8u8_only) else None
+    if node.op_type == "QLinearMatMul" and node.domain in ("", "ai.onnx"):
+        weights_name = node.input[3] if len(node.input) == 8 else ""
+        return _matmul_plan(node, inits) if _takes(inits, weights_name, u8u8_only) else None
     return None
 
 
@@ -118,6 +122,38 @@ def _gemm_plan(node: onnx.NodeProto, inits: dict) -> dict | None:
     zp = gemm.zp_a + _X_SHIFT[gemm.a_type]
     op = OPS[(gemm.a_type, gemm.float_out)]
     return _inputs(gemm.weights, gemm.c, zp, gemm.scale, gemm.zp_y, op)
+
+
+def _matmul_plan(node: onnx.NodeProto, inits: dict) -> dict | None:
+    """The op's inputs for a QLinearMatMul whose B is a constant 2-D matrix and whose scales and
+    zero points are constants (per-tensor x and y, per-tensor or per-column B), or None."""
+    consts = [_const(inits, name) for name in node.input[1:]]
+    if any(c is None for c in consts):
+        return None
+    a_scale, a_zp, b, b_scale, b_zp, y_scale, y_zp = consts
+    x_type = inits[node.input[2]].data_type
+    if x_type not in _X_SHIFT or inits[node.input[7]].data_type != x_type:
+        return None
+    if b.ndim != 2 or b.dtype not in (np.int8, np.uint8):
+        return None
+    n = b.shape[1]
+    if a_scale.size != 1 or a_zp.size != 1 or y_scale.size != 1 or y_zp.size != 1:
+        return None
+    if b_scale.size not in (1, n) or b_zp.size not in (1, n):
+        return None
+    weights = b.astype(np.int64) - np.broadcast_to(b_zp.reshape(-1).astype(np.int64), (n,))
+    # QLinearMatMul's output scale in float32, in its order: a_scale times b_scale, over y_scale
+    product = np.float32(a_scale.reshape(-1)[0]) * np.broadcast_to(
+        b_scale.reshape(-1).astype(np.float32), (n,)
+    )
+    scale = product / np.float32(y_scale.reshape(-1)[0])
+    zp = int(a_zp.reshape(-1)[0]) + _X_SHIFT[x_type]
+    op = OPS[(x_type, False)]
+    return _inputs(weights, np.zeros(n, np.int64), zp, scale, int(y_zp.reshape(-1)[0]), op)
+
+
+def _const(inits: dict, name: str) -> np.ndarray | None:
+    return numpy_helper.to_array(inits[name]) if name in inits else None
 
 
 def _inputs(
