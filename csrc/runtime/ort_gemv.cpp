@@ -181,16 +181,8 @@ void columns(const T* a, const int8_t* w, const int32_t* corr, const float* scal
 // thread costs a few microseconds; MobileNetV3's 1024 -> 1000 is 8 pieces of 128 columns).
 constexpr int64_t kMinPieceWork = 1 << 17;
 
-struct GemvOp {
-  CustomOp op;
-  const char* name;
-  int type;      // of a
-  int out_type;  // of y: kFloat, or a's type
-};
-const GemvOp& gemv_op(const CustomOp* op) { return *reinterpret_cast<const GemvOp*>(op); }
-
 Status* compute(void* kernel, KernelContext* context) {
-  const GemvOp& spec = *static_cast<const GemvOp*>(kernel);
+  const GemmOp& spec = *static_cast<const GemmOp*>(kernel);
   const char* op = spec.name;
   TensorView a, w, corr, scale, geo;
   TFL_ORT_TRY(read_input(context, 0, &a, op));
@@ -264,24 +256,17 @@ Status* compute(void* kernel, KernelContext* context) {
   });
 }
 
-const char* name(const CustomOp* op) { return gemv_op(op).name; }
 int input_type(const CustomOp* op, size_t index) {
   static const int types[] = {kUndefined, kInt8, kInt32, kFloat, kInt64};
-  return index == 0 ? gemv_op(op).type : types[index];
+  return index == 0 ? gemm_op(op).type : types[index];
 }
 size_t input_count(const CustomOp*) { return 5; }
-int output_type(const CustomOp* op, size_t) { return gemv_op(op).out_type; }
 
-constexpr GemvOp gemv_spec(const char* op_name, int type, int out_type) {
-  return GemvOp{custom_op(name, input_type, input_count, output_type, compute), op_name, type,
-                out_type};
-}
-
-GemvOp g_ops[] = {
-    gemv_spec("GemvU8", kUint8, kUint8),
-    gemv_spec("GemvU8F", kUint8, kFloat),
-    gemv_spec("GemvI8", kInt8, kInt8),
-    gemv_spec("GemvI8F", kInt8, kFloat),
+GemmOp g_ops[] = {
+    gemm_spec("GemvU8", kUint8, kUint8, input_type, input_count, compute),
+    gemm_spec("GemvU8F", kUint8, kFloat, input_type, input_count, compute),
+    gemm_spec("GemvI8", kInt8, kInt8, input_type, input_count, compute),
+    gemm_spec("GemvI8F", kInt8, kFloat, input_type, input_count, compute),
 };
 
 }  // namespace

@@ -239,6 +239,27 @@ constexpr TypedOp typed_spec(const char* name, int type,
   return TypedOp{custom_op(typed_name, input_type, input_count, typed_output, compute), name, type};
 }
 
+// The spec of an op over 8-bit x whose y is float or of x's type (ort_gemv.cpp,
+// ort_pair_gemm.cpp): its CustomOp first, as TypedOp's.
+struct GemmOp {
+  CustomOp op;
+  const char* name;
+  int type;      // of x
+  int out_type;  // of y: kFloat, or type
+};
+inline const GemmOp& gemm_op(const CustomOp* op) { return *reinterpret_cast<const GemmOp*>(op); }
+inline const char* gemm_name(const CustomOp* op) { return gemm_op(op).name; }
+inline int gemm_output(const CustomOp* op, size_t) { return gemm_op(op).out_type; }
+
+// The spec of op `name` over x of `type` giving y of `out_type`, with its own inputs and compute.
+constexpr GemmOp gemm_spec(const char* name, int type, int out_type,
+                           int (*input_type)(const CustomOp*, size_t),
+                           size_t (*input_count)(const CustomOp*),
+                           Status* (*compute)(void*, KernelContext*)) {
+  return GemmOp{custom_op(gemm_name, input_type, input_count, gemm_output, compute), name, type,
+                out_type};
+}
+
 // The ops of a table of specs whose first member is their CustomOp (each file's OpSpec).
 template <class Spec, size_t N>
 std::vector<const CustomOp*> op_list(const Spec (&specs)[N]) {

@@ -285,16 +285,8 @@ void rows(const T* x, const int16_t* w, const int32_t* corr, const float* scale,
 // thread costs a few microseconds), at 16 products an instruction.
 constexpr int64_t kMinPieceWork = 1 << 20;
 
-struct PairGemmOp {
-  CustomOp op;
-  const char* name;
-  int type;      // of x
-  int out_type;  // of y: kFloat, or x's type
-};
-const PairGemmOp& pair_op(const CustomOp* op) { return *reinterpret_cast<const PairGemmOp*>(op); }
-
 Status* compute(void* kernel, KernelContext* context) {
-  const PairGemmOp& spec = *static_cast<const PairGemmOp*>(kernel);
+  const GemmOp& spec = *static_cast<const GemmOp*>(kernel);
   const char* op = spec.name;
   TensorView x, w, corr, scale, geo;
   TFL_ORT_TRY(read_input(context, 0, &x, op));
@@ -360,22 +352,15 @@ Status* compute(void* kernel, KernelContext* context) {
 
 int input_type(const CustomOp* op, size_t index) {
   static const int types[] = {kUndefined, kInt16, kInt32, kFloat, kInt64};
-  return index == 0 ? pair_op(op).type : types[index];
+  return index == 0 ? gemm_op(op).type : types[index];
 }
 size_t input_count(const CustomOp*) { return 5; }
-const char* op_name(const CustomOp* op) { return pair_op(op).name; }
-int output_type(const CustomOp* op, size_t) { return pair_op(op).out_type; }
 
-constexpr PairGemmOp spec(const char* name, int type, int out_type) {
-  return PairGemmOp{custom_op(op_name, input_type, input_count, output_type, compute), name, type,
-                    out_type};
-}
-
-PairGemmOp g_ops[] = {
-    spec("PairGemmU8", kUint8, kUint8),
-    spec("PairGemmI8", kInt8, kInt8),
-    spec("PairGemmU8F", kUint8, kFloat),
-    spec("PairGemmI8F", kInt8, kFloat),
+GemmOp g_ops[] = {
+    gemm_spec("PairGemmU8", kUint8, kUint8, input_type, input_count, compute),
+    gemm_spec("PairGemmI8", kInt8, kInt8, input_type, input_count, compute),
+    gemm_spec("PairGemmU8F", kUint8, kFloat, input_type, input_count, compute),
+    gemm_spec("PairGemmI8F", kInt8, kFloat, input_type, input_count, compute),
 };
 
 }  // namespace

@@ -27,7 +27,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from torch_fl.bpu.conversion.export import attribute, links, splice
 from torch_fl.bpu.conversion.lookups import DOMAIN, import_domain
-from torch_fl.bpu.conversion.qlinear_conv import conv_parts, drop_unread
+from torch_fl.bpu.conversion.qlinear_conv import conv_parts, drop_unread, integer_conv_weights
 
 __all__ = [
     "MAX_INPUTS",
@@ -55,17 +55,8 @@ def candidates(model: onnx.ModelProto) -> int:
     """How many convs of the integer graph `model` (before ORT's optimizer) may qualify: one
     group and at most `MAX_INPUTS` input channels by their (possibly dequantized) weights;
     `rewrite_narrow` decides each on ORT's optimized graph."""
-    shapes = {i.name: list(i.dims) for i in model.graph.initializer}
-    producer = {o: n for n in model.graph.node for o in n.output}
     count = 0
-    for node in model.graph.node:
-        if node.op_type not in ("Conv", "QLinearConv"):
-            continue
-        name = node.input[1] if node.op_type == "Conv" else node.input[3]
-        dq = producer.get(name)
-        if dq is not None and dq.op_type == "DequantizeLinear":
-            name = dq.input[0]
-        dims = shapes.get(name)
+    for node, dims in integer_conv_weights(model):
         group = attribute(node, "group", 1)
         count += dims is not None and len(dims) == 4 and group == 1 and dims[1] <= MAX_INPUTS
     return count

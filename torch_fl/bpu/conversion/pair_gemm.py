@@ -26,7 +26,7 @@ from onnx import TensorProto, numpy_helper
 
 from torch_fl.bpu.conversion.depthwise import replace_convs
 from torch_fl.bpu.conversion.gemv import gemm_parts
-from torch_fl.bpu.conversion.qlinear_conv import conv_parts
+from torch_fl.bpu.conversion.qlinear_conv import conv_parts, integer_conv_weights
 
 __all__ = ["OPS", "candidates", "pack_pairs", "rewrite_pair_gemm"]
 
@@ -45,22 +45,11 @@ _X_SHIFT = {TensorProto.UINT8: 0, TensorProto.INT8: 128}
 def candidates(model: onnx.ModelProto) -> int:
     """How many 1x1 Convs and Gemms (or their ORT-fused forms) the integer graph `model`
     (before ORT's optimizer) has: `rewrite_pair_gemm` decides each on ORT's graph."""
-    shapes = {i.name: list(i.dims) for i in model.graph.initializer}
-    producer = {o: n for n in model.graph.node for o in n.output}
-    count = 0
-    for node in model.graph.node:
-        if node.op_type in ("Gemm", "QGemm", "MatMul", "QLinearMatMul"):
-            count += 1
-            continue
-        if node.op_type not in ("Conv", "QLinearConv"):
-            continue
-        name = node.input[1] if node.op_type == "Conv" else node.input[3]
-        dq = producer.get(name)
-        if dq is not None and dq.op_type == "DequantizeLinear":
-            name = dq.input[0]
-        dims = shapes.get(name)
-        count += dims is not None and len(dims) == 4 and dims[2:] == [1, 1]
-    return count
+    gemms = sum(n.op_type in ("Gemm", "QGemm", "MatMul", "QLinearMatMul") for n in model.graph.node)
+    convs = integer_conv_weights(model)
+    return gemms + sum(
+        dims is not None and len(dims) == 4 and dims[2:] == [1, 1] for _, dims in convs
+    )
 
 
 def pack_pairs(w: np.ndarray) -> np.ndarray:

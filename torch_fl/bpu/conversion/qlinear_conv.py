@@ -17,7 +17,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-__all__ = ["RANGE", "ConvParts", "conv_parts", "drop_unread"]
+__all__ = ["RANGE", "ConvParts", "conv_parts", "drop_unread", "integer_conv_weights"]
 
 RANGE = {TensorProto.UINT8: (0, 255), TensorProto.INT8: (-128, 127)}
 """The values of each 8-bit activation type."""
@@ -106,6 +106,24 @@ def conv_parts(node: onnx.NodeProto, inits: dict) -> ConvParts | None:
 def _const(inits: dict, name: str) -> np.ndarray | None:
     init = inits.get(name) if name else None
     return None if init is None else numpy_helper.to_array(init)
+
+
+def integer_conv_weights(model: onnx.ModelProto) -> list[tuple[onnx.NodeProto, list[int] | None]]:
+    """Each Conv and QLinearConv of the integer graph `model` (before ORT's optimizer) with its
+    weights' dims, read through a DequantizeLinear before them (None where not a constant): the
+    candidate counts of conversion/narrow_op.py and pair_gemm.py."""
+    shapes = {i.name: list(i.dims) for i in model.graph.initializer}
+    producer = {o: n for n in model.graph.node for o in n.output}
+    convs = []
+    for node in model.graph.node:
+        if node.op_type not in ("Conv", "QLinearConv"):
+            continue
+        name = node.input[1] if node.op_type == "Conv" else node.input[3]
+        dq = producer.get(name)
+        if dq is not None and dq.op_type == "DequantizeLinear":
+            name = dq.input[0]
+        convs.append((node, shapes.get(name)))
+    return convs
 
 
 def drop_unread(model: onnx.ModelProto) -> None:
