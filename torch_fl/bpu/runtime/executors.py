@@ -97,8 +97,8 @@ def takes_pair_gemms(path: str) -> bool:
     """Whether the sim runs its 1x1 convs and GEMMs with uint8 weights on the PairGemm op, for
     the kernel path `path` (runtime/sim_kernels.py): only on ORT's u8u8 kernels (elsewhere they
     are u8s8 ones with int32 dot products, faster), and only where the op's AVX2 form meets
-    ORT's AVX2 ones: on an AVX-512 CPU ORT's u8u8 kernels are wider and beat it (0.77 to 0.93x
-    on ViT-S/16's GEMMs, scripts/bench_conv_ops.py on this project's host)."""
+    ORT's AVX2 ones: on an AVX-512 CPU ORT's u8u8 kernels are wider and beat it (the op ran at
+    0.71 to 0.99 of their speed there: scripts/bench_conv_ops.py on this project's host)."""
     return (
         path in ("mixed", "u8u8")
         and pair_gemm_kernel() == "avx2"
