@@ -1,6 +1,7 @@
 // Exact 8-bit GEMMs on AVX2's 16-bit products (`vpmaddwd`), for the sim executor's ONNX Runtime
-// sessions on x86 CPUs without AVX512-VNNI: a channels-last 1x1 QLinearConv (MobileNet's
-// pointwise convs) or a QGemm of many rows; bit-equal to ONNX Runtime's own op.
+// sessions on x86 CPUs with AVX2 and no AVX-512: a channels-last 1x1 QLinearConv (MobileNet's
+// pointwise convs), a QGemm, or a QLinearMatMul by a constant matrix (ViT's linear layers);
+// bit-equal to ONNX Runtime's own op.
 //
 // Without VNNI, ORT's fast int8 kernels multiply u8 by s8 with `vpmaddubsw`, whose int16 pair
 // sums saturate, so the sim gives them u8 weights (runtime/sim_kernels.py: the `mixed` path) and
