@@ -7,7 +7,7 @@
 // sums saturate, so the sim gives them u8 weights (runtime/sim_kernels.py: the `mixed` path) and
 // ORT runs them on its u8u8 kernels, which were slower than its float ones there: by ORT's
 // profiler (emulated AVX2 on an AVX-512 Xeon, 1 thread), MobileNetV3-Small's 1x1 conv from 16 to
-// 72 channels at 56x56 took 181 us as u8u8 against 97 us as float. Here each input pair (two
+// 72 channels at 56x56 took 221 us as u8u8 against 97 us as float. Here each input pair (two
 // channels of one pixel, or two of one row of A) is widened once to two int16s in a 32-bit word,
 // broadcast, and `vpmaddwd` multiplies it with 8 output columns' two int16 weights and adds each
 // pair into an int32: exact (|x| <= 255, |w| <= 255), 16 products an instruction. A tile of

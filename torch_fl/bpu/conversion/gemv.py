@@ -23,11 +23,11 @@ from dataclasses import dataclass
 
 import numpy as np
 import onnx
-from onnx import TensorProto, helper, numpy_helper
+from onnx import TensorProto, helper
 
 from torch_fl.bpu.conversion.depthwise import replace_convs
 from torch_fl.bpu.conversion.inferred_shapes import InferredShapes, inferred_shapes
-from torch_fl.bpu.conversion.qlinear_conv import RANGE
+from torch_fl.bpu.conversion.qlinear_conv import RANGE, constant
 
 __all__ = [
     "OPS",
@@ -87,10 +87,6 @@ def rewrite_gemv(model: onnx.ModelProto, rows: dict[str, int], form: int = 0) ->
     )
 
 
-def _const(inits: dict, name: str) -> np.ndarray | None:
-    return numpy_helper.to_array(inits[name]) if name in inits else None
-
-
 @dataclass(frozen=True)
 class GemmParts:
     a_type: int
@@ -119,7 +115,7 @@ def gemm_parts(node: onnx.NodeProto, inits: dict) -> GemmParts | None:
     attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
     if attrs.get("transA", 0) != 0:
         return None
-    parts = [_const(inits, n) for n in (a_scale, a_zp, b_name, b_scale, b_zp)]
+    parts = [constant(inits, n) for n in (a_scale, a_zp, b_name, b_scale, b_zp)]
     if any(p is None for p in parts):
         return None
     a_scale_v, a_zp_v, b, b_scale_v, b_zp_v = parts
@@ -135,7 +131,7 @@ def gemm_parts(node: onnx.NodeProto, inits: dict) -> GemmParts | None:
         return None
     c = np.zeros(n, np.int64)
     if c_name:
-        bias = _const(inits, c_name)
+        bias = constant(inits, c_name)
         if bias is None or bias.dtype != np.int32 or bias.size not in (1, n):
             return None
         c = np.broadcast_to(bias.reshape(-1).astype(np.int64), (n,)).copy()
@@ -146,7 +142,7 @@ def gemm_parts(node: onnx.NodeProto, inits: dict) -> GemmParts | None:
     float_out = not y_scale
     zp_y = 0
     if not float_out:
-        y_scale_v, y_zp_v = _const(inits, y_scale), _const(inits, y_zp)
+        y_scale_v, y_zp_v = constant(inits, y_scale), constant(inits, y_zp)
         if y_scale_v is None or y_scale_v.size != 1 or y_zp_v is None or y_zp_v.size != 1:
             return None
         if inits[y_zp].data_type != a_type:

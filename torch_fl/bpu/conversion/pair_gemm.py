@@ -4,10 +4,11 @@ exact PairGemm op, where the sim's integer kernels are ORT's u8u8 ones.
 On an x86 CPU without VNNI, ORT's fast u8s8 kernels add int16 pairs that saturate, so the sim
 runs every op whose input no Relu bounds on ORT's u8u8 kernels (runtime/sim_kernels.py: the
 `mixed` path), and those were slower than ORT's own float kernels there: MobileNetV3-Small's
-1x1 conv from 16 to 72 channels at 56x56 took 181 us as u8u8 against 97 us in float (ORT's
-profiler, emulated AVX2, 1 thread). This pass replaces each channels-last 1x1 QLinearConv
-(stride 1, no pads, one group), each QGemm and each QLinearMatMul with constant weights by
-`torch_fl.bpu.PairGemm<U8|I8>[F]` (csrc/runtime/ort_pair_gemm.cpp): the same int32 accumulator from AVX2's exact 16-bit products
+1x1 conv from 16 to 72 channels at 56x56 took 221 us as u8u8 against 97 us in float (ORT's
+profiler, emulated AVX2, 1 thread: docs/compile-models.md). This pass replaces each
+channels-last 1x1 QLinearConv (stride 1, no pads, one group), each QGemm and each
+QLinearMatMul with constant weights by `torch_fl.bpu.PairGemm<U8|I8>[F]`
+(csrc/runtime/ort_pair_gemm.cpp): the same int32 accumulator from AVX2's exact 16-bit products
 (`vpmaddwd`), then the ORT op's own output step, so the result is ORT's byte for byte, or float
 for float (tests/compile/test_pair_gemm.py).
 
@@ -22,11 +23,11 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
-from onnx import TensorProto, numpy_helper
+from onnx import TensorProto
 
 from torch_fl.bpu.conversion.depthwise import replace_convs
-from torch_fl.bpu.conversion.gemv import gemm_parts
-from torch_fl.bpu.conversion.qlinear_conv import conv_parts, integer_conv_weights
+from torch_fl.bpu.conversion.gemv import INT32, gemm_parts
+from torch_fl.bpu.conversion.qlinear_conv import constant, conv_parts, integer_conv_weights
 
 __all__ = ["OPS", "candidates", "pack_pairs", "rewrite_pair_gemm"]
 
@@ -37,7 +38,6 @@ OPS = {
     (TensorProto.INT8, True): "PairGemmI8F",
 }
 """The op for x's 8-bit type and whether y is float."""
-INT32 = 2**31
 _X_SHIFT = {TensorProto.UINT8: 0, TensorProto.INT8: 128}
 """What the op adds to x's values as it widens them (int8 read as x + 128: ort_pair_gemm.cpp)."""
 
@@ -63,8 +63,8 @@ def pack_pairs(w: np.ndarray) -> np.ndarray:
 
 
 def rewrite_pair_gemm(model: onnx.ModelProto, u8u8_only: bool = True, form: int = 0) -> int:
-    """Replace, in place, each qualifying channels-last 1x1 QLinearConv and QGemm of ORT's
-    optimized `model` with a PairGemm op; returns how many. With `u8u8_only`, only those whose
+    """Replace, in place, each qualifying channels-last 1x1 QLinearConv, QGemm and
+    QLinearMatMul of ORT's optimized `model` with a PairGemm op; returns how many. With `u8u8_only`, only those whose
     weights are uint8 (ORT's u8u8 kernels) qualify. `form` 1 asks the op for its plain loop
     (tests compare the forms)."""
     return replace_convs(model, lambda node, inits: _plan(node, inits, u8u8_only), form)
@@ -116,7 +116,7 @@ def _gemm_plan(node: onnx.NodeProto, inits: dict) -> dict | None:
 def _matmul_plan(node: onnx.NodeProto, inits: dict) -> dict | None:
     """The op's inputs for a QLinearMatMul whose B is a constant 2-D matrix and whose scales and
     zero points are constants (per-tensor x and y, per-tensor or per-column B), or None."""
-    consts = [_const(inits, name) for name in node.input[1:]]
+    consts = [constant(inits, name) for name in node.input[1:]]
     if any(c is None for c in consts):
         return None
     a_scale, a_zp, b, b_scale, b_zp, y_scale, y_zp = consts
@@ -131,7 +131,8 @@ def _matmul_plan(node: onnx.NodeProto, inits: dict) -> dict | None:
     if b_scale.size not in (1, n) or b_zp.size not in (1, n):
         return None
     weights = b.astype(np.int64) - np.broadcast_to(b_zp.reshape(-1).astype(np.int64), (n,))
-    # QLinearMatMul's output scale in float32, in its order: a_scale times b_scale, over y_scale
+    # QLinearMatMul's output scale in float32: a_scale times b_scale, over y_scale (the tests hold
+    # the op's bytes to ORT's over random per-column scales)
     product = np.float32(a_scale.reshape(-1)[0]) * np.broadcast_to(
         b_scale.reshape(-1).astype(np.float32), (n,)
     )
@@ -139,10 +140,6 @@ def _matmul_plan(node: onnx.NodeProto, inits: dict) -> dict | None:
     zp = int(a_zp.reshape(-1)[0]) + _X_SHIFT[x_type]
     op = OPS[(x_type, False)]
     return _inputs(weights, np.zeros(n, np.int64), zp, scale, int(y_zp.reshape(-1)[0]), op)
-
-
-def _const(inits: dict, name: str) -> np.ndarray | None:
-    return numpy_helper.to_array(inits[name]) if name in inits else None
 
 
 def _inputs(

@@ -17,7 +17,9 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-__all__ = ["RANGE", "ConvParts", "conv_parts", "drop_unread", "integer_conv_weights"]
+__all__ = [
+    "RANGE", "ConvParts", "constant", "conv_parts", "drop_unread", "integer_conv_weights"
+]  # fmt: skip
 
 RANGE = {TensorProto.UINT8: (0, 255), TensorProto.INT8: (-128, 127)}
 """The values of each 8-bit activation type."""
@@ -62,7 +64,7 @@ def conv_parts(node: onnx.NodeProto, inits: dict) -> ConvParts | None:
         "NOTSET",
     ):
         return None
-    consts = [_const(inits, name) for name in node.input[1:]]
+    consts = [constant(inits, name) for name in node.input[1:]]
     if len(node.input) not in (8, 9) or any(c is None for c in consts):
         return None
     x_scale, x_zp, w, w_scale, w_zp, y_scale, y_zp = consts[:7]
@@ -103,7 +105,9 @@ def conv_parts(node: onnx.NodeProto, inits: dict) -> ConvParts | None:
     )
 
 
-def _const(inits: dict, name: str) -> np.ndarray | None:
+def constant(inits: dict, name: str) -> np.ndarray | None:
+    """The initializer `name` of `inits` as an array; None where it is not one (or the name is
+    empty: an omitted optional input)."""
     init = inits.get(name) if name else None
     return None if init is None else numpy_helper.to_array(init)
 
