@@ -148,3 +148,40 @@ def test_profiler_ranges_and_report():
     assert data["graphs"][0]["partitions"][0]["executor"] == "sim"
     assert 0 < rep.coverage_pct < 100 and "cumsum" in rep.table()
     assert rep.partitions[0].inputs == [[1, 3, 8, 8]]
+
+
+def _spin_stop(rt) -> str | None:
+    """The partition session's SPIN_STOP entry (None: not set, ORT's spin)."""
+    from torch_fl.bpu.runtime.executors import SPIN_STOP
+
+    try:
+        return rt._exec.session.get_session_options().get_session_config_entry(SPIN_STOP)
+    except RuntimeError:  # ORT: no such entry
+        return None
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_sessions_of_a_graph_of_several_partitions_stop_spinning_after_each_run(threads):
+    """Each sim partition's session has a pool of its own: in a graph of two, one pool's threads
+    must not spin on while the other's run (runtime/executors.SPIN_STOP). A graph of one keeps
+    ORT's spin, and a session of one thread has no pool."""
+    torch.manual_seed(0)
+    x = torch.randn(1, 3, 8, 8)
+    options = {"sim_threads": threads, "sim_thread_choice": "fixed"}
+    got = {}
+    for name, model in (("two", TwoParts().eval()), ("one", ConvStack().eval())):
+        torch._dynamo.reset()
+        with report.collect() as reps, torch.no_grad():
+            out = compile_bpu(model, executor="sim", **options)(x)
+        sims = [r for g in reps for r in g.runtimes if r.kind == "sim"]
+        assert cosine(out, model(x)) >= 0.99
+        assert all(r._exec.threads == threads for r in sims)
+        got[name] = (
+            len(sims),
+            [r._exec.stop_spinning for r in sims],
+            [_spin_stop(r) for r in sims],
+        )
+    assert got["two"][:2] == (2, [True, True])
+    assert got["one"][:2] == (1, [False])
+    assert got["two"][2] == (["1", "1"] if threads > 1 else [None, None])
+    assert got["one"][2] == [None]

@@ -110,6 +110,7 @@ def _partition(
         runtime_positions=runtime_positions,
         input_names=tuple(sub_inputs[i].name for i in runtime_positions),
         n_outputs=len(outs),
+        graph_partitions=len(plan.partition_names),
     )
     entry = PartitionEntry(
         id=number,

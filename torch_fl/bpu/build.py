@@ -52,6 +52,9 @@ class PartitionSpec:
     input_names: tuple[str, ...]
     n_outputs: int
     fingerprint: str = ""
+    graph_partitions: int = 1
+    """How many partitions the compiled graph holds, this one among them (not in the fingerprint:
+    it changes how the partition runs, not what it computes)."""
 
     def __post_init__(self) -> None:
         if not self.fingerprint:

@@ -66,6 +66,7 @@ def _make_sim(spec: PartitionSpec, settings: BpuSettings, result: BuildResult) -
         depthwise=settings.sim_depthwise,
         narrow=settings.sim_narrow_op,
         pair_gemm=settings.sim_pair_gemm,
+        stop_spinning=spec.graph_partitions > 1,
     )
 
 
