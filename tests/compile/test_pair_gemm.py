@@ -322,36 +322,21 @@ def test_public_models_give_the_same_outputs_with_and_without_the_op(name):
     """Networks nobody here wrote, conv and transformer: on an AVX2-only CPU (test_ops_avx2 runs
     this file again as one) their 1x1 convs or linear layers move to the op and every output stays
     bit-equal to ORT's own kernels'; elsewhere none moves."""
-    import warnings
-
     from tests.support import public_zoo as zoo
-    from torch_fl import bpu
-    from torch_fl.bpu import report
 
     if not zoo.available(zoo.MODELS[name].library):
         pytest.skip(f"{zoo.MODELS[name].library} is not installed")
     model, inputs = zoo.build(name)
-    calib, runs = zoo.samples(inputs, 3, seed=1), zoo.samples(inputs, 2, seed=2)
-    outs, moved, paths = {}, {}, set()
-    for value in (True, False):
-        torch._dynamo.reset()
-        options = {"executor": "sim", "sim_pair_gemm": value, "cache": False}
-        compiled = torch.compile(model, backend="bpu", options=options)
-        with report.collect() as reps, warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            bpu.calibrate(compiled, calib)
-            with torch.no_grad():
-                outs[value] = [zoo.output_tensors(compiled(*s)) for s in runs]
-        sims = [r for g in reps for r in g.runtimes if r.kind == "sim"]
-        assert sims, "no sim partition"
-        moved[value] = sum(r._exec.pair_gemms for r in sims)
-        paths |= {r._exec.kernels.path for r in sims}
-    assert moved[False] == 0
-    if any(takes_pair_gemms(p) for p in paths):
-        assert moved[True] > 0
+    runs, calib = zoo.samples(inputs, 2, seed=2), zoo.samples(inputs, 3, seed=1)
+    outs, runtimes, lines = compiled_both_ways(model, runs, calib, "sim_pair_gemm", "pair GEMM")
+    moved = {v: sum(r._exec.pair_gemms for r in runtimes[v]) for v in (True, False)}
+    assert moved[False] == 0 and not lines[False]
+    if any(takes_pair_gemms(r._exec.kernels.path) for r in runtimes[True]):
+        assert moved[True] > 0 and lines[True]
     else:
-        assert moved[True] == 0
+        assert moved[True] == 0 and not lines[True]
     for got, want in zip(outs[True], outs[False], strict=True):
+        got, want = zoo.output_tensors(got), zoo.output_tensors(want)
         assert len(got) == len(want) > 0
         for a, b in zip(got, want, strict=True):
             assert torch.equal(a, b)

@@ -265,14 +265,20 @@ def assert_same_bytes(
 
 
 def compiled_both_ways(
-    model: torch.nn.Module, x: torch.Tensor, samples: list, option: str, word: str
+    model: torch.nn.Module,
+    x: torch.Tensor | list[tuple],
+    samples: list,
+    option: str,
+    word: str,
 ) -> tuple[dict, dict, dict]:
     """(outputs, sim runtimes, explain() lines naming `word`), each keyed by the option's value:
     the model compiled with executor="sim" and `option` True and False, calibrated on `samples`,
-    then run on `x` at three scales."""
+    then run on `x` at three scales, or on each input tuple of a list `x` (token ids, which no
+    scale keeps in range)."""
     from torch_fl import bpu
     from torch_fl.bpu import report
 
+    runs = [(x * scale,) for scale in (1.0, 3.0, 0.2)] if isinstance(x, torch.Tensor) else x
     outs, runtimes, lines = {}, {}, {}
     for value in (True, False):
         torch._dynamo.reset()
@@ -282,7 +288,7 @@ def compiled_both_ways(
             warnings.simplefilter("ignore")
             bpu.calibrate(compiled, samples)
             with torch.no_grad():
-                outs[value] = [compiled(x * scale) for scale in (1.0, 3.0, 0.2)]
+                outs[value] = [compiled(*args) for args in runs]
         runtimes[value] = [r for g in reps for r in g.runtimes if r.kind == "sim"]
         if runtimes[value][0]._exec.kernels.path == "float":
             pytest.skip(f"no fused kernel path on this CPU: the float path has no {word!r} op")

@@ -64,9 +64,9 @@ def pack_pairs(w: np.ndarray) -> np.ndarray:
 
 def rewrite_pair_gemm(model: onnx.ModelProto, u8u8_only: bool = True, form: int = 0) -> int:
     """Replace, in place, each qualifying channels-last 1x1 QLinearConv, QGemm and
-    QLinearMatMul of ORT's optimized `model` with a PairGemm op; returns how many. With `u8u8_only`, only those whose
-    weights are uint8 (ORT's u8u8 kernels) qualify. `form` 1 asks the op for its plain loop
-    (tests compare the forms)."""
+    QLinearMatMul of ORT's optimized `model` with a PairGemm op; returns how many. With
+    `u8u8_only`, only those whose weights are uint8 (ORT's u8u8 kernels) qualify. `form` 1 asks
+    the op for its plain loop (tests compare the forms)."""
     return replace_convs(model, lambda node, inits: _plan(node, inits, u8u8_only), form)
 
 
