@@ -54,18 +54,18 @@ from tests.support import ort  # noqa: E402
 from tests.support.pt2e import quantize as pt2e_quantize  # noqa: E402
 from torch_fl.bpu import report  # noqa: E402
 from torch_fl.bpu.conversion import calibration_store  # noqa: E402
+from torch_fl.bpu.conversion.concat_lookup import OPS as CONCAT_OPS  # noqa: E402
 from torch_fl.bpu.conversion.depthwise import OPS as DEPTHWISE_OPS  # noqa: E402
+from torch_fl.bpu.conversion.gemv import OPS as GEMV_OPS  # noqa: E402
 from torch_fl.bpu.conversion.grouped_conv import DOT_OPS as GROUPED_DOT_OPS  # noqa: E402
 from torch_fl.bpu.conversion.grouped_conv import OPS as GROUPED_OPS  # noqa: E402
 from torch_fl.bpu.conversion.max_pool import OPS as POOL_OPS  # noqa: E402
-from torch_fl.bpu.conversion.narrow_op import MAX_OUTPUTS_BY_FORM  # noqa: E402
 from torch_fl.bpu.conversion.narrow_op import OPS as NARROW_OPS  # noqa: E402
+from torch_fl.bpu.conversion.pair_gemm import OPS as PAIR_GEMM_OPS  # noqa: E402
 from torch_fl.bpu.runtime import sim_threads  # noqa: E402
 from torch_fl.bpu.runtime.executors import (  # noqa: E402
     UNFUSED,
-    depthwise_kernel,
     fused_graph,
-    narrow_kernel,
 )
 
 MODELS = ("resnet18", "mobilenetv3", "vit", "transformer_encoder")
@@ -74,7 +74,11 @@ FUSED = {"QLinearConv", "QGemm", "QLinearMatMul", "QLinearAdd", "MatMulIntegerTo
          "QLinearMul", "QLinearAveragePool", "QLinearGlobalAveragePool", "QLinearSoftmax",
          "ConvInteger", "MatMulInteger", "DynamicQuantizeMatMul", *DEPTHWISE_OPS.values(),
          *GROUPED_OPS.values(), *GROUPED_DOT_OPS.values(),
-         *NARROW_OPS.values(), *POOL_OPS.values()}  # fmt: skip
+         *NARROW_OPS.values(), *POOL_OPS.values(), *PAIR_GEMM_OPS.values(),
+         *GEMV_OPS.values(), *CONCAT_OPS.values()}  # fmt: skip
+MOVED = ("lookups", "lookup_means", "depthwise", "grouped", "pools", "concats", "gemv",
+         "narrow_ops", "pair_gemms")  # fmt: skip
+"""The executor's counts of nodes it runs on the extension's ops (runtime/executors.py)."""
 
 
 PUBLIC = ("tv", "timm")
@@ -269,47 +273,27 @@ def _session_without_lookups(runtime):
 
 
 def _fused_counts(runtime, threads: int, tmp: Path) -> dict:
-    """What ORT runs for this partition after its optimizer: fused integer vs float Q/DQ, the
-    elementwise chains it runs as table lookups and the depthwise, grouped and narrow convs, the
-    channels-first max pools and the one-row GEMMs on the extension's ops."""
+    """What ORT runs for this partition after its optimizer: fused integer vs float Q/DQ nodes,
+    and how many nodes the executor moved to each of the extension's ops (its own counts, which
+    explain() shows). Where it moved any, the graph counted is the one its session opened (ORT's
+    optimized form with those ops in it); else ORT's optimization of its integer graph."""
     import onnx
 
-    from torch_fl.bpu.conversion.session_graph import session_graph
-
-    path = runtime._exec.kernels.path
+    executor = runtime._exec
+    path = executor.kernels.path
     if path == "float":
         return {"kernel_path": path}
-    lookups = getattr(runtime._exec, "lookups", 0)
-    depthwise = getattr(runtime._exec, "depthwise", 0)
-    grouped = getattr(runtime._exec, "grouped", 0)
-    narrow = getattr(runtime._exec, "narrow_ops", 0)
-    pools = getattr(runtime._exec, "pools", 0)
-    concats = getattr(runtime._exec, "concats", 0)
-    gemv = getattr(runtime._exec, "gemv", 0)
-    graph = _integer_graph(runtime)
-    convs = bool(depthwise or grouped or gemv)  # one setting moves them all (sim_depthwise)
-    dot = convs and narrow_kernel() == "vnni"
-    rewritten = session_graph(
-        graph, UNFUSED, bool(lookups or concats), convs, bool(narrow), dot, bool(pools),
-        grouped=convs and depthwise_kernel() == "avx512",
-        narrow_outputs=MAX_OUTPUTS_BY_FORM.get(narrow_kernel(), 0),
-    ).data  # fmt: skip
-    if rewritten is not None:  # the executor's own graph: ORT's optimized form with our ops
-        nodes = onnx.load_from_string(rewritten).graph.node
+    moved = {key: getattr(executor, key, 0) for key in MOVED}
+    if executor._rewritten():
+        nodes = onnx.load_from_string(executor._bytes).graph.node
     else:
         optimized = tmp / "sim_optimized.onnx"
-        _ort_session(graph.SerializeToString(), threads, str(optimized), UNFUSED)
+        _ort_session(_integer_graph(runtime).SerializeToString(), threads, str(optimized), UNFUSED)
         nodes = onnx.load(str(optimized)).graph.node
     ops = Counter(n.op_type for n in nodes)
     return {
         "kernel_path": path,
-        "lookups": lookups,
-        "depthwise": depthwise,
-        "grouped": grouped,
-        "pools": pools,
-        "concats": concats,
-        "gemv": gemv,
-        "narrow_ops": narrow,
+        **moved,
         "fused_integer_nodes": sum(v for k, v in ops.items() if k in FUSED),
         "float_qdq_nodes": ops["QuantizeLinear"] + ops["DequantizeLinear"],
         "other_nodes": sum(v for k, v in ops.items() if k not in FUSED)

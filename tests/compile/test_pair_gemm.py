@@ -340,3 +340,28 @@ def test_public_models_give_the_same_outputs_with_and_without_the_op(name):
         assert len(got) == len(want) > 0
         for a, b in zip(got, want, strict=True):
             assert torch.equal(a, b)
+
+
+def test_the_benchmarks_breakdown_counts_the_nodes_the_executor_moved(tmp_path):
+    """scripts/bench_sim.py's node counts read the graph the session opened: each node moved to
+    the op is counted there, as a fused integer node (they once came from a graph rebuilt
+    without the op, and ViT-S/16's 48 moved GEMMs read as ORT's QGemm)."""
+    from scripts import bench_sim
+
+    torch.manual_seed(0)
+    model = _Pointwise().eval()
+    x = torch.randn(2, 3, 20, 24)
+    samples = [torch.randn(2, 3, 20, 24) for _ in range(3)]
+    _, runtimes, _ = compiled_both_ways(model, x, samples, "sim_pair_gemm", "pair GEMM")
+    runtime = runtimes[True][0]
+    counts = bench_sim._fused_counts(runtime, 1, tmp_path)
+    executor = runtime._exec
+    for key in bench_sim.MOVED:
+        assert counts[key] == getattr(executor, key)
+    # the graph counted is the session's: the moved nodes are in it, as the op (7 node types
+    # here, so top_ops lists them all)
+    assert counts["top_ops"].get("PairGemmU8", 0) == executor.pair_gemms
+    moved = sum(counts[k] for k in bench_sim.MOVED if k not in ("lookups", "lookup_means"))
+    assert counts["fused_integer_nodes"] >= moved
+    if takes_pair_gemms(executor.kernels.path):
+        assert counts["pair_gemms"] == 2
