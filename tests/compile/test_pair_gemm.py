@@ -26,7 +26,15 @@ from tests.support.sim_ops import (
     qgemm,
     random_input,
 )
-from torch_fl.bpu.conversion.pair_gemm import OPS, candidates, pack_pairs, rewrite_pair_gemm
+from torch_fl.bpu.conversion.pair_gemm import (
+    LARGE_WEIGHTS,
+    OPS,
+    SHORT_ROWS,
+    candidates,
+    pack_pairs,
+    rewrite_pair_gemm,
+    stays_short,
+)
 from torch_fl.bpu.runtime.executors import takes_pair_gemms
 
 ort = pytest.importorskip("onnxruntime")
@@ -263,6 +271,27 @@ def test_bad_inputs_name_the_op_and_the_problem():
         op_session(model).run(None, {"x": x})
 
 
+@pytest.mark.parametrize(
+    ("k", "n", "rows", "moves"),
+    [
+        (1024, 1000, 1, False),  # a classifier at batch 1: 2 MB of int16 pairs, one row
+        (1024, 1000, SHORT_ROWS - 1, False),
+        (1024, 1000, SHORT_ROWS, True),  # a whole tile of rows
+        (1024, 1000, None, True),  # rows unknown: the op, as before the rule
+        (384, 1152, 1, True),  # under LARGE_WEIGHTS
+        (96, 576, 1, True),
+    ],
+)
+def test_short_gemms_of_large_weights_stay_onnx_runtimes(k, n, rows, moves):
+    rng = np.random.default_rng(k + n)
+    model = qgemm(rng, k, n, rows=rows or 1, w_type=TensorProto.UINT8, float_out=False)
+    known = {} if rows is None else {"fc": rows}
+    assert rewrite_pair_gemm(model, rows=known) == int(moves)
+    assert stays_short(rows, k, n) == (not moves)
+    # the bound is on the op's packed bytes: K pairs by N in blocks of 16, two bytes each
+    assert stays_short(1, 2, LARGE_WEIGHTS // 4 + 16) and not stays_short(1, 2, LARGE_WEIGHTS // 4)
+
+
 def test_pack_pairs_layout():
     w = np.arange(5 * 20, dtype=np.int64).reshape(5, 20) - 50  # [K, N]
     packed = pack_pairs(w)
@@ -365,3 +394,33 @@ def test_the_benchmarks_breakdown_counts_the_nodes_the_executor_moved(tmp_path):
     assert counts["fused_integer_nodes"] >= moved
     if takes_pair_gemms(executor.kernels.path):
         assert counts["pair_gemms"] == 2
+
+
+@pytest.mark.parametrize(("rows", "moved"), [(1, 1), (SHORT_ROWS, 2)])
+def test_a_compiled_classifier_of_large_weights_stays_onnx_runtimes_at_few_rows(rows, moved):
+    """The integer graph's shapes reach the rewrite: at one row the 1024 -> 1000 layer (2 MB of
+    int16 pairs) stays ORT's, at a whole tile of rows it moves; the small layer moves at both
+    (where the sim takes the op at all: an AVX2-only CPU, as test_ops_avx2 runs this file)."""
+    import warnings
+
+    from torch_fl import bpu
+    from torch_fl.bpu import report
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(64, 1024), torch.nn.Hardswish(), torch.nn.Linear(1024, 1000)
+    ).eval()
+    x = torch.randn(rows, 64)
+    samples = [torch.randn(rows, 64) for _ in range(2)]
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend="bpu", options={"executor": "sim", "cache": False})
+    with report.collect() as reps, warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        bpu.calibrate(compiled, samples)
+        with torch.no_grad():
+            compiled(x)
+    sims = [r for g in reps for r in g.runtimes if r.kind == "sim"]
+    assert sims
+    path = sims[0]._exec.kernels.path
+    want = moved if takes_pair_gemms(path) and path != "float" else 0
+    assert sum(r._exec.pair_gemms for r in sims) == want

@@ -17,6 +17,16 @@ op has its AVX2 form (`torch_fl._C._pair_gemm_kernel()`) and the CPU has no AVX-
 kernels in ORT are wider (runtime/executors.takes_pair_gemms); `u8u8_only` then keeps the ops
 whose weights are int8 (the `mixed` path's u8s8 convs, exact and fast in ORT's own kernel) with
 ORT. Every partial sum must stay inside int32, as ORT's accumulator does.
+
+A GEMM of few rows with large weights also stays ORT's (`stays_short`): the op holds its weights
+as int16 pairs, twice ORT's bytes, and where A has fewer rows than one of the op's tiles the call
+is the weights' trip from memory. On a Zen 3 EPYC (one node, 1 thread, `scripts/bench_conv_ops`'s
+timing, by hand) ORT's u8u8 QGemm over 1024 x 1000 weights (MobileNetV3-Small's classifier) took
+0.93 and 1.02 of the op's time at 1 and 2 rows and 0.67 to 0.83 at 4 to 48 rows, where over
+384 x 1152 the op won at up to 12 rows (1.05 to 1.16) and over 96 x 576 at every count (1.19 to
+1.27); the classifier's two GEMMs left to ORT made MobileNetV3-Small's session at batch 1 1.02x
+as fast. Rows are read from the integer graph's shapes (`gemv.gemm_rows`); a 1x1 conv, whose
+pixel count ORT's layout pass renames away from the shapes, always moves.
 """
 
 from __future__ import annotations
@@ -29,7 +39,15 @@ from torch_fl.bpu.conversion.depthwise import replace_convs
 from torch_fl.bpu.conversion.gemv import INT32, gemm_parts
 from torch_fl.bpu.conversion.qlinear_conv import constant, conv_parts, integer_conv_weights
 
-__all__ = ["OPS", "candidates", "pack_pairs", "rewrite_pair_gemm"]
+__all__ = [
+    "LARGE_WEIGHTS",
+    "OPS",
+    "SHORT_ROWS",
+    "candidates",
+    "pack_pairs",
+    "rewrite_pair_gemm",
+    "stays_short",
+]
 
 OPS = {
     (TensorProto.UINT8, False): "PairGemmU8",
@@ -40,6 +58,10 @@ OPS = {
 """The op for x's 8-bit type and whether y is float."""
 _X_SHIFT = {TensorProto.UINT8: 0, TensorProto.INT8: 128}
 """What the op adds to x's values as it widens them (int8 read as x + 128: ort_pair_gemm.cpp)."""
+SHORT_ROWS = 48
+"""A GEMM with fewer rows than this (the op's tile, `kTileRows` in ort_pair_gemm.cpp) ..."""
+LARGE_WEIGHTS = 1 << 20
+"""... and more int16 weight bytes than this stays ORT's (see above)."""
 
 
 def candidates(model: onnx.ModelProto) -> int:
@@ -62,25 +84,49 @@ def pack_pairs(w: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(padded.reshape(k2 // 2, 2, n16 // 16, 16).transpose(2, 0, 3, 1))
 
 
-def rewrite_pair_gemm(model: onnx.ModelProto, u8u8_only: bool = True, form: int = 0) -> int:
+def rewrite_pair_gemm(
+    model: onnx.ModelProto,
+    u8u8_only: bool = True,
+    form: int = 0,
+    rows: dict[str, int] | None = None,
+) -> int:
     """Replace, in place, each qualifying channels-last 1x1 QLinearConv, QGemm and
     QLinearMatMul of ORT's optimized `model` with a PairGemm op; returns how many. With
-    `u8u8_only`, only those whose weights are uint8 (ORT's u8u8 kernels) qualify. `form` 1 asks
-    the op for its plain loop (tests compare the forms)."""
-    return replace_convs(model, lambda node, inits: _plan(node, inits, u8u8_only), form)
+    `u8u8_only`, only those whose weights are uint8 (ORT's u8u8 kernels) qualify. `rows`: A's
+    row count of named Gemms (`gemv.gemm_rows` of the integer graph); a QGemm `stays_short`
+    stays ORT's. `form` 1 asks the op for its plain loop (tests compare the forms)."""
+    known = rows or {}
+    return replace_convs(model, lambda node, inits: _plan(node, inits, u8u8_only, known), form)
 
 
-def _plan(node: onnx.NodeProto, inits: dict, u8u8_only: bool) -> dict | None:
+def stays_short(rows: int | None, k: int, n: int) -> bool:
+    """Whether a GEMM of `rows` rows (None: unknown) over [k, n] weights stays ORT's: fewer rows
+    than `SHORT_ROWS` and more int16 weight bytes, as the op packs them, than `LARGE_WEIGHTS`."""
+    packed = 2 * (-(-k // 2) * 2) * (-(-n // 16) * 16)
+    return rows is not None and rows < SHORT_ROWS and packed > LARGE_WEIGHTS
+
+
+def _plan(node: onnx.NodeProto, inits: dict, u8u8_only: bool, rows: dict) -> dict | None:
     if node.op_type == "QLinearConv":
         weights_name = node.input[3] if len(node.input) > 3 else ""
         return _conv_plan(node, inits) if _takes(inits, weights_name, u8u8_only) else None
     if node.op_type == "QGemm":
         weights_name = node.input[3] if len(node.input) > 3 else ""
-        return _gemm_plan(node, inits) if _takes(inits, weights_name, u8u8_only) else None
+        if not _takes(inits, weights_name, u8u8_only):
+            return None
+        plan = _gemm_plan(node, inits)
+        if plan is not None and stays_short(rows.get(node.name), *_kn(plan)):
+            return None
+        return plan
     if node.op_type == "QLinearMatMul" and node.domain in ("", "ai.onnx"):
         weights_name = node.input[3] if len(node.input) == 8 else ""
         return _matmul_plan(node, inits) if _takes(inits, weights_name, u8u8_only) else None
     return None
+
+
+def _kn(plan: dict) -> tuple[int, int]:
+    """K and N of a planned op, from its geometry and its corr (one per output column)."""
+    return int(plan["geometry"][0]), int(plan["bias"].shape[0])
 
 
 def _takes(inits: dict, weights_name: str, u8u8_only: bool) -> bool:

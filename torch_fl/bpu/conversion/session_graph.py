@@ -101,9 +101,10 @@ def session_graph(
     # the integer graph's shapes, inferred once, and only for a pass that reads them
     shapes = functools.cache(lambda: inferred_shapes(model))
     has_gemms = any(node.op_type == "Gemm" for node in model.graph.node)
-    rows = gemm_rows(shapes()) if dot and has_gemms else {}
-    want_gemv = gemv_candidates(rows) > 0
     want_pairs = pair_gemm and pair_candidates(model) > 0
+    # A's rows: the one-row op takes single rows; the pair op leaves short GEMMs of large weights
+    rows = gemm_rows(shapes()) if (dot or want_pairs) and has_gemms else {}
+    want_gemv = dot and gemv_candidates(rows) > 0
     wanted = (
         want_lookups, want_depthwise, want_grouped, want_narrow, want_pools, want_concats,
         want_gemv, want_pairs,
@@ -123,7 +124,7 @@ def session_graph(
     n_concats = rewrite_concats(optimized)[0] if want_concats else 0
     n_gemv = rewrite_gemv(optimized, rows) if want_gemv else 0
     # after the narrow and one-row ops, which take their convs and GEMMs first
-    n_pairs = rewrite_pair_gemm(optimized) if want_pairs else 0
+    n_pairs = rewrite_pair_gemm(optimized, rows=rows) if want_pairs else 0
     changed = (
         n_lookups or n_depthwise or n_grouped or n_narrow or n_pools or n_concats or n_gemv
         or n_pairs
