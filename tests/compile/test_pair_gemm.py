@@ -400,27 +400,16 @@ def test_the_benchmarks_breakdown_counts_the_nodes_the_executor_moved(tmp_path):
 def test_a_compiled_classifier_of_large_weights_stays_onnx_runtimes_at_few_rows(rows, moved):
     """The integer graph's shapes reach the rewrite: at one row the 1024 -> 1000 layer (2 MB of
     int16 pairs) stays ORT's, at a whole tile of rows it moves; the small layer moves at both
-    (where the sim takes the op at all: an AVX2-only CPU, as test_ops_avx2 runs this file)."""
-    import warnings
-
-    from torch_fl import bpu
-    from torch_fl.bpu import report
-
+    (where the sim takes the op at all: an AVX2-only CPU, as test_ops_avx2 runs this file), and
+    the outputs are those of the op off, bit for bit."""
     torch.manual_seed(0)
     model = torch.nn.Sequential(
         torch.nn.Linear(64, 1024), torch.nn.Hardswish(), torch.nn.Linear(1024, 1000)
     ).eval()
-    x = torch.randn(rows, 64)
+    runs = [(torch.randn(rows, 64),)]
     samples = [torch.randn(rows, 64) for _ in range(2)]
-    torch._dynamo.reset()
-    compiled = torch.compile(model, backend="bpu", options={"executor": "sim", "cache": False})
-    with report.collect() as reps, warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        bpu.calibrate(compiled, samples)
-        with torch.no_grad():
-            compiled(x)
-    sims = [r for g in reps for r in g.runtimes if r.kind == "sim"]
-    assert sims
-    path = sims[0]._exec.kernels.path
-    want = moved if takes_pair_gemms(path) and path != "float" else 0
-    assert sum(r._exec.pair_gemms for r in sims) == want
+    outs, runtimes, _ = compiled_both_ways(model, runs, samples, "sim_pair_gemm", "pair GEMM")
+    want = moved if takes_pair_gemms(runtimes[True][0]._exec.kernels.path) else 0
+    assert sum(r._exec.pair_gemms for r in runtimes[True]) == want
+    assert sum(r._exec.pair_gemms for r in runtimes[False]) == 0
+    assert torch.equal(outs[True][0], outs[False][0])
