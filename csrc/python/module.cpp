@@ -267,6 +267,25 @@ PYBIND11_MODULE(_C, m) {
         "How many pieces the depthwise / grouped conv ops' calls split into, in this process.");
   m.def("_gemv_pieces", &torch_fl::gemv_pieces,
         "How many pieces the Gemv ops' calls split into, in this process.");
+  m.def("_affine_products", &torch_fl::affine_products,
+        "How many product-pair runs computed their running operand as a DequantizeLinear.");
+  m.def(
+      "_dequant_of",
+      [](py::bytes table, bool signed_bytes) -> py::object {
+        const std::string tab = table;
+        if (tab.size() != 256 * sizeof(float)) {
+          throw py::value_error("_dequant_of: the table must be 256 float32s (1024 bytes)");
+        }
+        float scale = 0.0f;
+        int zp = 0;
+        if (!torch_fl::dequant_of(reinterpret_cast<const float*>(tab.data()), signed_bytes,
+                                  &scale, &zp)) {
+          return py::none();
+        }
+        return py::make_tuple(scale, zp);
+      },
+      "(scale, zero point) where the 256 floats are a DequantizeLinear of the bytes, else None.",
+      py::arg("table"), py::arg("signed_bytes") = false);
   m.def("_lookups_in_place", &torch_fl::lookups_in_place,
         "How many times a byte lookup op ran with its output over its input, in this process.");
   m.def(

@@ -46,6 +46,14 @@ bool clamp_of(const uint8_t* table, ByteClamp* clamp);
 void clamp_bytes(const ByteClamp& clamp, const uint8_t* x, uint8_t* y, size_t n,
                  bool portable = false);
 
+// How many runs of a product pair (Lookup2Mul) computed its running operand's floats as a
+// DequantizeLinear instead of gathering them from its table, in this process (the AVX2 form).
+uint64_t affine_products();
+
+// Whether the 256 floats of `table` are a DequantizeLinear of the bytes (as uint8, or int8 where
+// `signed_bytes`): float(v - zp) * scale bit for bit; if so its scale and zero point.
+bool dequant_of(const float* table, bool signed_bytes, float* scale, int* zp);
+
 // How many times a byte lookup op has run with its output over its input, in this process.
 uint64_t lookups_in_place();
 

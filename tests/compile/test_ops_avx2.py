@@ -22,6 +22,7 @@ SUITES = {
         "_lookup_kernel",
         [
             "tests/unit/test_lookups.py",
+            "tests/unit/test_pair_product.py",
             "tests/compile/test_lookup_mean.py",
             "tests/compile/test_concat_lookup.py",
             "tests/compile/test_sim_lookups.py",

@@ -20,6 +20,7 @@ from tests.unit.test_lookups import (
     _run,
     _threaded_session,
 )
+from torch_fl import _C
 from torch_fl.bpu.conversion.pair_product import fit
 
 
@@ -48,6 +49,9 @@ CHAINS = [
     ("silu_sig", "sigmoid", U8, 128, 100, "s"),
     ("none", "hardsigmoid", I8, 0, -5, "x"),
     ("silu_sig", "sigmoid", I8, -20, 7, "x"),
+    ("none", "hardsigmoid", U8, 0, 120, "x"),  # MobileNetV3's: a Relu's bytes, zero point 0
+    ("none", "sigmoid", U8, 131, 100, "s"),
+    ("none", "sigmoid", I8, -20, 7, "s"),
 ]
 
 
@@ -76,7 +80,49 @@ def test_a_gate_is_a_product_with_the_float_paths_numbers(chain, x_shape, s_shap
     (node,) = [n for n in fused.graph.node if n.op_type.startswith("Lookup")]
     assert node.op_type == ("Lookup2MulU8" if out_type == U8 else "Lookup2MulI8")
     feed = {"x": _bytes(x_shape, x_type, 4), "s": _bytes(s_shape, s_type, 5)}
+    affine_runs = _C._affine_products()
     np.testing.assert_array_equal(_run(fused, feed, True), _run(model, feed, False))
+    # the AVX2 form computes a dequantized operand's floats instead of gathering its table's
+    # (csrc/runtime/ort_lookup.cpp affine_table): only there, and only in the NHWC shapes
+    nhwc = s_shape[1:3] == [1, 1] and s_shape[3] > 1
+    computed = _C._lookup_kernel() == "avx2" and nhwc and act == "none"
+    assert (_C._affine_products() > affine_runs) == computed
+
+
+def _dequantize(signed: bool, zp: int, scale: float) -> np.ndarray:
+    """ORT's DequantizeLinear of every byte (as uint8, or as int8): float32(v - zp) * scale."""
+    values = np.arange(256, dtype=np.uint8)
+    ints = values.view(np.int8).astype(np.int32) if signed else values.astype(np.int32)
+    return (ints - zp).astype(np.float32) * np.float32(scale)
+
+
+@pytest.mark.parametrize(
+    "signed,zp,scale", [(False, 0, 0.05), (False, 255, 0.3), (False, 131, 1e-9), (True, -128, 2.5),
+                        (True, 127, 0.01), (True, -20, 0.1)],
+)  # fmt: skip
+def test_a_dequantize_table_is_found_with_its_scale_and_zero_point(signed, zp, scale):
+    found = _C._dequant_of(_dequantize(signed, zp, scale).tobytes(), signed)
+    assert found is not None
+    assert found[1] == zp and np.float32(found[0]) == np.float32(scale)
+
+
+def test_tables_that_are_not_exactly_a_dequantize_are_refused():
+    table = _dequantize(False, 3, 0.05)
+    # read as the other byte type: no zero point makes it one
+    assert _C._dequant_of(table.tobytes(), True) is None
+    # one entry one unit in the last place off
+    off = table.copy()
+    off[200] = np.nextafter(off[200], np.float32(np.inf))
+    assert _C._dequant_of(off.tobytes()) is None
+    # the zero as -0.0: a different float, so not this form (the gather keeps its sign)
+    negative = table.copy()
+    negative[3] = np.float32(-0.0)
+    assert _C._dequant_of(negative.tobytes()) is None
+    # a scale of 0 (every entry zero) and a nonlinear table
+    assert _C._dequant_of(np.zeros(256, np.float32).tobytes()) is None
+    assert _C._dequant_of(np.tanh(table).astype(np.float32).tobytes()) is None
+    with pytest.raises(ValueError, match="256 float32s"):
+        _C._dequant_of(table[:255].tobytes())
 
 
 def test_a_sum_of_two_inputs_is_no_product():
