@@ -312,6 +312,8 @@ PYBIND11_MODULE(_C, m) {
   // which form the sim's narrow conv op (csrc/runtime/ort_narrow.cpp) uses here
   m.def("_narrow_kernel", [] { return std::string(torch_fl::narrow_kernel()); });
   m.def("_pair_gemm_kernel", [] { return std::string(torch_fl::pair_gemm_kernel()); });
+  m.def("_pair_gemm_pieces", &torch_fl::pair_gemm_pieces,
+        "How many pieces the PairGemm ops' calls split into, in this process.");
   m.def("_maxpool_kernel", [] { return std::string(torch_fl::maxpool_kernel()); });
 
   m.def("_device_count", [] { return static_cast<int>(torch_fl::kDeviceCount); });

@@ -36,6 +36,7 @@
 #include "runtime/ort_kernel.h"
 #include "runtime/ort_requant.h"
 
+#include <atomic>
 #include <cstring>
 #include <string>
 #include <type_traits>
@@ -282,9 +283,17 @@ void rows(const T* x, const int16_t* w, const int32_t* corr, const float* scale,
   }
 }
 
-// Work for one piece, in multiply-adds: as ort_depthwise.cpp's bound (a piece handed to another
-// thread costs a few microseconds), at 16 products an instruction.
-constexpr int64_t kMinPieceWork = 1 << 20;
+// Work for one piece, in multiply-adds (a piece handed to another thread costs a few
+// microseconds, about 2^17 of them at 16 products an instruction). It was 2^20, under which
+// MobileNetV3-Small's 1x1 convs at 28x28 and 14x14 (784 x 72 x 32 = 1.8 M, at batch 1) stayed one
+// piece on 2 threads: by ORT's profiler on a 2-vCPU Zen 3 EPYC those ran 0.95 of their 1-thread
+// time. At 2^18 its sim session at batch 1 on 2 threads took 0.924 of its time before (median of
+// 40 paired blocks of ten runs, one process), and 1.004 on 1 thread, 0.994 at batch 8 on 2,
+// 0.999 for ViT-S/16 at batch 1 on 2: those pieces were large already.
+constexpr int64_t kMinPieceWork = 1 << 18;
+
+// The pieces the ops' calls split into, counted for tests (torch_fl._C._pair_gemm_pieces).
+std::atomic<uint64_t> g_pieces{0};
 
 Status* compute(void* kernel, KernelContext* context) {
   const GemmOp& spec = *static_cast<const GemmOp*>(kernel);
@@ -334,7 +343,10 @@ Status* compute(void* kernel, KernelContext* context) {
   const int16_t* wt = static_cast<const int16_t*>(w.data);
   const int32_t* cf = static_cast<const int32_t*>(corr.data);
   const float* sf = static_cast<const float*>(scale.data);
-  return run_row_parts(context, g.m, g.k * g.blocks() * 16, kMinPieceWork,
+  const int64_t row_work = g.k * g.blocks() * 16;
+  g_pieces.fetch_add(static_cast<uint64_t>(row_piece_count(g.m, row_work, kMinPieceWork)),
+                     std::memory_order_relaxed);
+  return run_row_parts(context, g.m, row_work, kMinPieceWork,
                        [&](int64_t r0, int64_t r1) {
                          const bool u8 = spec.type == kUint8;
                          if (float_out) {
@@ -372,5 +384,7 @@ std::vector<const ort::CustomOp*> ort::pair_gemm_ops() {
 }
 
 const char* pair_gemm_kernel() { return ort_pair_gemm::fast_form_here() ? "avx2" : "portable"; }
+
+uint64_t pair_gemm_pieces() { return ort_pair_gemm::g_pieces.load(std::memory_order_relaxed); }
 
 }  // namespace torch_fl

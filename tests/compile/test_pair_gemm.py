@@ -26,6 +26,7 @@ from tests.support.sim_ops import (
     qgemm,
     random_input,
 )
+from torch_fl import _C
 from torch_fl.bpu.conversion.pair_gemm import (
     LARGE_WEIGHTS,
     OPS,
@@ -203,13 +204,24 @@ def test_op_is_the_qlinearmatmul_byte_for_byte(size, quant, form):
     assert len(np.unique(expected)) > 20  # not trivially saturated
 
 
-def test_rows_split_over_two_threads_are_the_same():
-    """A 1x1 conv at 56x56 splits into pieces of rows (kMinPieceWork, ort_pair_gemm.cpp) that
-    the session's threads share; split, its bytes are ORT's."""
+@pytest.mark.parametrize(
+    "shape,n,pieces",
+    [
+        ((2, 56, 56, 16), 72, 4),
+        # MobileNetV3-Small's 72 -> 24 at 28x28, batch 1: 1.8 M multiply-adds, one piece under
+        # the earlier bound of 2^20 (ort_pair_gemm.cpp kMinPieceWork)
+        ((1, 28, 28, 72), 24, 2),
+    ],
+)
+def test_rows_split_over_two_threads_are_the_same(shape, n, pieces):
+    """A 1x1 conv's rows split into pieces (kMinPieceWork, ort_pair_gemm.cpp) that the
+    session's threads share; split, its bytes are ORT's."""
     rng = np.random.default_rng(3)
-    model = _conv(rng, (2, 56, 56, 16), 72)
-    x = random_input(rng, (2, 56, 56, 16), TensorProto.UINT8)
+    model = _conv(rng, shape, n)
+    x = random_input(rng, shape, TensorProto.UINT8)
+    before = _C._pair_gemm_pieces()
     expected, got, _ = _both(model, x, threads=2)
+    assert _C._pair_gemm_pieces() - before >= pieces
     np.testing.assert_array_equal(got, expected)
 
 
