@@ -182,7 +182,7 @@ def _shape(name: str, dims) -> onnx.TensorProto:
     return numpy_helper.from_array(np.array(dims, np.int64), name)
 
 
-def test_reshapes_around_a_one_input_chain_move_after_the_lookup():
+def test_reshapes_around_a_one_input_chain_move_before_the_lookup():
     # the exporter's flatten around a Linear's GELU
     nodes = [
         helper.make_node("Reshape", ["x_f", "flat"], ["r"]),
@@ -194,11 +194,106 @@ def test_reshapes_around_a_one_input_chain_move_after_the_lookup():
     model = _model(nodes, [("x", U8, [2, 5, 6], 0.05, 128)], U8, inits)
     fused, count = _fused(model)
     assert count == 1
-    assert [n.op_type for n in fused.graph.node] == ["LookupU8", "Reshape", "Reshape", "Unsqueeze"]
+    # on the bytes, in their order; then the lookup (conversion/lookups.py SHAPE_OPS)
+    assert [n.op_type for n in fused.graph.node] == ["Reshape", "Reshape", "Unsqueeze", "LookupU8"]
     feed = {"x": _bytes([2, 5, 6], U8, 8)}
     got, want = _run(fused, feed, True), _run(model, feed, False)
     assert got.shape == want.shape == (1, 2, 5, 6)
     np.testing.assert_array_equal(got, want)
+
+
+def _int64(name: str, values) -> onnx.TensorProto:
+    return numpy_helper.from_array(np.array(values, np.int64), name)
+
+
+# attention's q, k and v: gathered from one dequantized [3, ...] tensor, each quantized at its
+# own scale (ViT-S/16's 24 such chains in the sim's graph)
+MOVES = [
+    helper.make_node("Squeeze", ["x_f", "axis1"], ["sq"]),
+    helper.make_node("Gather", ["sq", "which"], ["g"], axis=0),
+    helper.make_node("Transpose", ["g"], ["t"], perm=[0, 2, 1]),
+    helper.make_node("Slice", ["t", "starts", "ends", "axes"], ["y_f"]),
+]
+MOVE_INITS = [
+    _int64("axis1", [1]), _int64("which", 1), _int64("starts", [1]), _int64("ends", [8]),
+    _int64("axes", [2]),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("in_type,zero", [(U8, 120), (I8, -7)])
+def test_moves_alone_between_two_scales_are_byte_moves_and_a_requantizing_lookup(in_type, zero):
+    model = _model(MOVES, [("x", in_type, [3, 1, 4, 9, 11], 0.043, zero)], U8, MOVE_INITS)
+    fused, count = _fused(model)
+    assert count == 1
+    ops = [n.op_type for n in fused.graph.node]
+    assert ops == ["Squeeze", "Gather", "Transpose", "Slice", "LookupU8"]
+    feed = {"x": _bytes([3, 1, 4, 9, 11], in_type, 9)}
+    got, want = _run(fused, feed, True), _run(model, feed, False)
+    assert got.shape == want.shape == (4, 11, 7)
+    np.testing.assert_array_equal(got, want)
+    assert len(np.unique(got)) > 100  # a requantization, not a constant
+
+
+def test_moves_between_a_dequantize_and_a_quantize_of_one_scale_are_the_moves_alone():
+    model = _model(MOVES, [("x", U8, [3, 1, 4, 9, 11], 0.05, 128)], U8, MOVE_INITS)
+    fused, count = _fused(model)
+    assert count == 1
+    assert [n.op_type for n in fused.graph.node] == ["Squeeze", "Gather", "Transpose", "Slice"]
+    assert not [i for i in fused.graph.initializer if i.name.startswith("lookup_table::")]
+    feed = {"x": _bytes([3, 1, 4, 9, 11], U8, 10)}
+    np.testing.assert_array_equal(_run(fused, feed, True), _run(model, feed, False))
+
+
+def test_a_gather_in_a_function_chain_moves_before_its_lookup():
+    nodes = [
+        helper.make_node("Gather", ["x_f", "which"], ["g"], axis=1),
+        helper.make_node("Sigmoid", ["g"], ["y_f"]),
+    ]
+    model = _model(nodes, [("x", I8, [5, 4, 301], 0.05, 3)], U8, [_int64("which", [3, 0, 3])])
+    fused, count = _fused(model)
+    assert count == 1
+    assert [n.op_type for n in fused.graph.node] == ["Gather", "LookupU8"]
+    feed = {"x": _bytes([5, 4, 301], I8, 11)}
+    got, want = _run(fused, feed, True), _run(model, feed, False)
+    assert got.shape == want.shape == (5, 3, 301)
+    np.testing.assert_array_equal(got, want)
+
+
+def test_two_chains_gathering_from_one_dequantize_leave_it_unread():
+    """ViT's q and k: both chains become byte gathers and lookups, and the float dequantize
+    of the whole tensor, read by nothing else, goes."""
+    x = helper.make_tensor_value_info("x", U8, [3, 6, 10])
+    inits = [
+        _scalar("x_s", 0.03, np.float32), _scalar("x_z", 128, np.uint8),
+        _scalar("q_s", 0.02, np.float32), _scalar("k_s", 0.04, np.float32),
+        _scalar("z", 128, np.uint8), _int64("i0", 0), _int64("i1", 1),
+    ]  # fmt: skip
+    nodes = [helper.make_node("DequantizeLinear", ["x", "x_s", "x_z"], ["x_f"])]
+    outputs = []
+    for name, index in (("q", "i0"), ("k", "i1")):
+        nodes.append(helper.make_node("Gather", ["x_f", index], [f"{name}_f"], axis=0))
+        nodes.append(helper.make_node("QuantizeLinear", [f"{name}_f", f"{name}_s", "z"], [name]))
+        outputs.append(helper.make_tensor_value_info(name, U8, None))
+    graph = helper.make_graph(nodes, "qk", [x], outputs, inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    fused, count = _fused(model)
+    assert count == 2
+    assert sorted(n.op_type for n in fused.graph.node) == [
+        "Gather",
+        "Gather",
+        "LookupU8",
+        "LookupU8",
+    ]
+    feed = {"x": _bytes([3, 6, 10], U8, 12)}
+    np.testing.assert_array_equal(_run(fused, feed, True), _run(model, feed, False))
+
+
+def test_a_gather_of_indices_computed_at_run_time_is_left():
+    nodes = [
+        helper.make_node("ArgMax", ["x_f"], ["idx"], axis=0, keepdims=0),
+        helper.make_node("Gather", ["x_f", "idx"], ["y_f"], axis=0),
+    ]
+    _not_fused(_model(nodes, [("x", U8, [4, 6], 0.043, 128)]))
 
 
 def test_branches_reshaped_differently_or_shapes_computed_at_run_time_are_left():

@@ -79,10 +79,16 @@ ELEMENTWISE: frozenset[tuple[str, str]] = frozenset(
     # ORT's optimizer writes these for GELU and SiLU (x * sigmoid(alpha * x)) patterns
     + [("com.microsoft", op) for op in ("FastGelu", "Gelu", "QuickGelu")]
 )
-# Ops that only reshape: between the 8-bit input and the result of a one-input chain (the
-# exporter's flatten around a Linear's GELU: DQ -> Reshape -> Gelu -> Reshape -> Q) they move,
-# with the same constant shapes, after the lookup, onto its 8-bit result.
-SHAPE_OPS = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze"})
+# Ops that only reshape or pick elements: between the 8-bit input and the result of a one-input
+# chain (the exporter's flatten around a Linear's GELU: DQ -> Reshape -> Gelu -> Reshape -> Q;
+# attention's q, k and v gathered from one dequantized tensor: DQ -> Squeeze -> Gather -> Q)
+# they move, with the same constant shapes, indices and permutations, before the lookup, onto
+# its 8-bit input: an elementwise function commutes with them, and a Gather or Slice first
+# leaves the lookup fewer elements. A chain of them alone between a DQ and a Q of another scale
+# is a requantization, a table too; of the same scale and type, no lookup at all.
+SHAPE_OPS = frozenset(
+    {"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Gather", "Slice", "Transpose"}
+)
 MAX_CHAIN = 16  # nodes in one replaced chain
 _OPS = {  # (output element type, inputs) -> op name
     (TensorProto.UINT8, 1): "LookupU8",
@@ -209,8 +215,8 @@ class _Graph:
         if not 1 <= len(leaves) <= max_inputs:
             return None
         ordered = sorted(nodes.values(), key=lambda n: self.order[id(n)])
-        if all(_is_shape_op(n) for n in ordered):
-            return None  # no function to tabulate
+        if all(_is_shape_op(n) for n in ordered) and (quantize is None or not ordered):
+            return None  # no function to tabulate (moves alone between DQ and Q: requantize)
         if any(_is_shape_op(n) for n in ordered) and not self._single_path(ordered, leaves):
             return None
         if len(leaves) == 2 and len(ordered) == 1 and ordered[0].op_type in ("Add", "Mul"):
@@ -533,18 +539,20 @@ def _replace(model: onnx.ModelProto, find) -> int:
                 ]
         else:
             table, op = table.astype(np.float32), "LookupF32"
+        sources = [leaf.input[0] for leaf in chain.leaves]
+        moves = _moved(chain.shape_ops, sources[0], chain.end) if chain.shape_ops else []
+        if moves:  # one input (_single_path): its moves first, on its bytes
+            sources[0] = moves[-1].output[0]
+        if moves and _identity(table, graph, chain):
+            moves[-1].output[0] = chain.end  # the same scale and type: only the moves are left
+            replaced[id(node)] = moves
+            continue
         name = f"lookup_table::{chain.end}"
         tables.append(numpy_helper.from_array(table, name))
-        shape_ops = chain.shape_ops
-        looked_up = f"{chain.end}::looked_up" if shape_ops else chain.end
         lookup = helper.make_node(
-            op,
-            [name, *(leaf.input[0] for leaf in chain.leaves), *extra],
-            [looked_up],
-            name=f"lookup::{chain.end}",
-            domain=DOMAIN,
+            op, [name, *sources, *extra], [chain.end], name=f"lookup::{chain.end}", domain=DOMAIN
         )
-        replaced[id(node)] = [lookup, *_reshaped(shape_ops, looked_up, chain.end)]
+        replaced[id(node)] = [*moves, lookup]
     if not replaced:
         return 0
     nodes = [m for n in model.graph.node for m in replaced.get(id(n), [n])]
@@ -555,19 +563,30 @@ def _replace(model: onnx.ModelProto, find) -> int:
     return len(replaced)
 
 
-def _reshaped(shape_ops, source: str, end: str) -> list[onnx.NodeProto]:
-    """Copies of a chain's shape ops, in order, from the lookup's result `source` to `end`."""
+def _moved(shape_ops, source: str, end: str) -> list[onnx.NodeProto]:
+    """Copies of a chain's shape ops, in order, from its 8-bit input `source`: the last one's
+    output is what the lookup of chain `end` reads."""
     copies = []
     for k, node in enumerate(shape_ops):
         copy = onnx.NodeProto()
         copy.CopyFrom(node)
         copy.input[0] = source
-        source = end if k == len(shape_ops) - 1 else f"{end}::shape{k}"
+        source = f"{end}::moved{k}"
         del copy.output[:]
         copy.output.append(source)
-        copy.name = f"lookup::{end}::shape{k}"
+        copy.name = f"lookup::{end}::moved{k}"
         copies.append(copy)
     return copies
+
+
+def _identity(table: np.ndarray, graph: _Graph, chain: _Chain) -> bool:
+    """Whether a one-input byte table maps every byte to itself, its input and output of one
+    type (a DQ and a Q of the same scale and zero point around moves only)."""
+    if chain.quantize is None or len(chain.leaves) != 1 or table.dtype == np.float32:
+        return False
+    if _byte_type(graph, chain.leaves[0]) != _byte_type(graph, chain.quantize):
+        return False
+    return bool(np.array_equal(table.view(np.uint8), np.arange(256, dtype=np.uint8)))
 
 
 def _live(nodes: list[onnx.NodeProto], outputs: set[str]) -> list[onnx.NodeProto]:
