@@ -686,6 +686,16 @@ void lookup_byte_pairs_repeating(const uint8_t* table, const uint8_t* run, const
   }
 }
 
+// Whether the product kernel here is the AVX2 form, the one that computes a dequantize operand
+// (product_repeating_avx2): elsewhere the operands' tables are not checked at all.
+bool computes_dequant() {
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+  return !have_vbmi() && have_avx2();
+#else
+  return false;
+#endif
+}
+
 // Runs of the product kernel that computed the running operand's floats (affine_table), for
 // tests (torch_fl._C._affine_products).
 std::atomic<uint64_t> g_affine_product_runs{0};
@@ -1036,8 +1046,10 @@ Status* compute(void* kernel, KernelContext* context) {
   Product product{};
   if (spec.product) {
     TFL_ORT_TRY(read_product(context, spec, &product));
-    product.a_affine = affine_table(product.a_floats, x.type == kInt8, &product.a_dq);
-    product.b_affine = affine_table(product.b_floats, z.type == kInt8, &product.b_dq);
+    if (computes_dequant()) {  // only the AVX2 product form reads them
+      product.a_affine = affine_table(product.a_floats, x.type == kInt8, &product.a_dq);
+      product.b_affine = affine_table(product.b_floats, z.type == kInt8, &product.b_dq);
+    }
   }
   const Pieces pieces(total, bc.extent.back(), kMinPiece);
   const uint8_t* a = static_cast<const uint8_t*>(x.data);

@@ -284,12 +284,12 @@ void rows(const T* x, const int16_t* w, const int32_t* corr, const float* scale,
 }
 
 // Work for one piece, in multiply-adds (a piece handed to another thread costs a few
-// microseconds, about 2^17 of them at 16 products an instruction). It was 2^20, under which
-// MobileNetV3-Small's 1x1 convs at 28x28 and 14x14 (784 x 72 x 32 = 1.8 M, at batch 1) stayed one
-// piece on 2 threads: by ORT's profiler on a 2-vCPU Zen 3 EPYC those ran 0.95 of their 1-thread
-// time. At 2^18 its sim session at batch 1 on 2 threads took 0.924 of its time before (median of
-// 40 paired blocks of ten runs, one process), and 1.004 on 1 thread, 0.994 at batch 8 on 2,
-// 0.999 for ViT-S/16 at batch 1 on 2: those pieces were large already.
+// microseconds). It was 2^20, under which MobileNetV3-Small's 1x1 convs at 28x28 and 14x14
+// (784 x 72 x 32 = 1.8 M, at batch 1) stayed one piece: by ORT's profiler on a 2-vCPU Zen 3
+// EPYC they took 1.02 to 1.05 times as long on 2 threads as on 1. At 2^18 its sim session at
+// batch 1 on 2 threads took 0.924 of its time before (median of 40 paired blocks of ten runs, one
+// process), and 1.004 on 1 thread, 0.994 at batch 8 on 2, 0.999 for ViT-S/16 at batch 1 on 2:
+// those pieces were large already.
 constexpr int64_t kMinPieceWork = 1 << 18;
 
 // The pieces the ops' calls split into, counted for tests (torch_fl._C._pair_gemm_pieces).

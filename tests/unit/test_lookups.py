@@ -288,12 +288,20 @@ def test_two_chains_gathering_from_one_dequantize_leave_it_unread():
     np.testing.assert_array_equal(_run(fused, feed, True), _run(model, feed, False))
 
 
-def test_a_gather_of_indices_computed_at_run_time_is_left():
-    nodes = [
-        helper.make_node("ArgMax", ["x_f"], ["idx"], axis=0, keepdims=0),
-        helper.make_node("Gather", ["x_f", "idx"], ["y_f"], axis=0),
-    ]
-    _not_fused(_model(nodes, [("x", U8, [4, 6], 0.043, 128)]))
+def test_a_gather_of_indices_given_at_run_time_is_left():
+    # the same chain as a fused one but for its indices, a graph input: not a constant move
+    model = _model(
+        [helper.make_node("Gather", ["x_f", "idx"], ["y_f"], axis=0)],
+        [("x", U8, [4, 6], 0.043, 128)],
+    )
+    model.graph.input.append(helper.make_tensor_value_info("idx", TensorProto.INT64, [2]))
+    _not_fused(model)
+    constant = _model(
+        [helper.make_node("Gather", ["x_f", "idx"], ["y_f"], axis=0)],
+        [("x", U8, [4, 6], 0.043, 128)],
+        extra_inits=[_int64("idx", [2, 0])],
+    )
+    assert _fused(constant)[1] == 1
 
 
 def test_branches_reshaped_differently_or_shapes_computed_at_run_time_are_left():
