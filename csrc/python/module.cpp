@@ -311,6 +311,8 @@ PYBIND11_MODULE(_C, m) {
   m.def("_gemv_kernel", [] { return std::string(torch_fl::gemv_kernel()); });
   // which form the sim's narrow conv op (csrc/runtime/ort_narrow.cpp) uses here
   m.def("_narrow_kernel", [] { return std::string(torch_fl::narrow_kernel()); });
+  m.def("_narrow_packed_rows", &torch_fl::narrow_packed_rows,
+        "How many output rows the AVX2 narrow conv form computed over packed rows.");
   m.def("_pair_gemm_kernel", [] { return std::string(torch_fl::pair_gemm_kernel()); });
   m.def("_pair_gemm_pieces", &torch_fl::pair_gemm_pieces,
         "How many pieces the PairGemm ops' calls split into, in this process.");

@@ -1,6 +1,6 @@
 // 8-bit convolution over few input channels (an image stem) for the sim executor's ONNX Runtime
 // sessions, bit-equal to ONNX Runtime's own QLinearConv, on AVX512-VNNI's byte dot products (or
-// AVX2's 16-bit ones: row_avx2).
+// AVX2's 16-bit ones: packed_row_avx2, row_avx2).
 //
 // ONNX Runtime runs an int8 conv as im2col rows against packed weights. With 3 input channels
 // most of each row is padding: MobileNetV3's 3x3 stem from 3 to 16 channels took 226 us at batch
@@ -30,6 +30,7 @@
 #include "runtime/ort_kernel.h"
 #include "runtime/ort_requant.h"
 
+#include <atomic>
 #include <cstring>
 #include <type_traits>
 
@@ -129,7 +130,7 @@ int64_t words_fast(bool avx512, const T* const* plane, int64_t c, int64_t w, uin
 #endif
 
 // The form the op's fastest setting (geometry form 0) runs on this CPU: AVX512-VNNI's byte dot
-// products, else AVX2's 16-bit ones (vpmaddwd), else the plain loop.
+// products, else AVX2's 16-bit ones (vpmaddwd: over packed rows or words), else the plain loop.
 enum class Form { kPortable, kAvx2, kVnni };
 
 Form form_here() {
@@ -401,6 +402,159 @@ TFL_AVX2_FMA void row_avx2(const uint32_t* band, const int16_t* w16, const int32
   }
 }
 
+// The AVX2 form over packed rows, where the kernel has no column dilation: a kernel row's KW
+// pixels of C channels are one run of KW * C values in a row of int16s that holds each pixel's
+// C channels and nothing else (`pack_rows`), so `vpmaddwd` takes its pairs from the run itself,
+// a pair a broadcast, and multiplies it with 8 output channels' two weights (`pack_weights`: a
+// pair past the run's end has weight 0). A 3x3 over 3 channels is 3 runs of 9 values: 15 pairs
+// where the word form above multiplies 9 words of 4 (36 products a channel, the fourth a
+// padding channel's), and the lanes hold the channels in order (no pair sums to join). Each
+// accumulator starts at the bias correction: the same wrapped int32 sum in another order.
+// docs/compile.md (*Narrow convolutions on the extension's op*) has its timings.
+constexpr int64_t kMaxPackedVectors = 4;  // output channels in vectors of 8: 32 at most
+
+// Output rows the packed form computed, in this process (torch_fl._C._narrow_packed_rows: tests
+// check which form a conv took).
+std::atomic<uint64_t> g_packed_rows{0};
+
+// Band rows of 4-byte words -> rows of `stride` int16s: each pixel's first C bytes, then zeros.
+// Four pixels at a time: their C bytes gathered to the front of 16 (VPSHUFB), widened to 16
+// int16s and stored whole; the next store starts at the 4 C-th and overwrites the rest (so a row
+// may be written up to kPackSlack int16s past its end before its last zeros). A plain loop over
+// the values took as long as the stem's products (MobileNetV3's, by hand).
+constexpr int64_t kPackSlack = 16;
+
+TFL_AVX2_FMA inline void pack_rows(const uint32_t* band, int64_t rows, int64_t wp, int64_t c,
+                                   int64_t stride, int16_t* packed) {
+  alignas(16) int8_t order[16];
+  for (int64_t k = 0; k < 16; ++k) {
+    order[k] = k < 4 * c ? static_cast<int8_t>((k / c) * 4 + k % c) : int8_t{-128};
+  }
+  const __m128i gather = _mm_load_si128(reinterpret_cast<const __m128i*>(order));
+  for (int64_t r = 0; r < rows; ++r) {
+    const uint32_t* in = band + r * wp;
+    int16_t* out = packed + r * stride;
+    int64_t iw = 0;
+    for (; iw + 4 <= wp; iw += 4) {
+      const __m128i words = _mm_loadu_si128(reinterpret_cast<const __m128i*>(in + iw));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + iw * c),
+                          _mm256_cvtepu8_epi16(_mm_shuffle_epi8(words, gather)));
+    }
+    for (; iw < wp; ++iw) {
+      for (int64_t ci = 0; ci < c; ++ci) {
+        out[iw * c + ci] = static_cast<int16_t>((in[iw] >> (8 * ci)) & 0xFF);
+      }
+    }
+    for (int64_t e = wp * c; e < stride; ++e) {
+      out[e] = 0;  // read as the partner of a run's last value, whose weight is 0
+    }
+  }
+}
+
+// The weights as pairs of a kernel row's run: [KH][pairs][vectors][8 channels][2] int16.
+inline void pack_weights(const int8_t* w, const Geometry& g, int64_t vectors, int16_t* dst) {
+  const int64_t run = g.kw * g.c, pairs = (run + 1) / 2;
+  for (int64_t i = 0; i < g.kh; ++i) {
+    for (int64_t p = 0; p < pairs; ++p) {
+      for (int64_t v = 0; v < vectors; ++v) {
+        for (int64_t lane = 0; lane < 8; ++lane) {
+          const int64_t o = 8 * v + lane;
+          for (int64_t t = 0; t < 2; ++t) {
+            const int64_t e = 2 * p + t, j = e / g.c, ci = e % g.c;
+            const bool real = e < run && o < g.co;
+            *dst++ = real ? w[((i * g.kw + j) * g.co16 + o) * kLanes + ci] : int16_t{0};
+          }
+        }
+      }
+    }
+  }
+}
+
+// P output pixels from `ow`, V vectors of 8 output channels, from packed rows `rows` (row 0:
+// tap row 0; `stride` int16s apart).
+template <class T, int V, int P>
+TFL_AVX2_FMA inline void packed_tile(const int16_t* rows, int64_t stride, const int16_t* wpk,
+                                     const __m256i (&c)[kMaxPackedVectors],
+                                     const __m256 (&s)[kMaxPackedVectors], const Requant8<T>& q,
+                                     const Geometry& g, int64_t ow, T* out) {
+  const int64_t pairs = (g.kw * g.c + 1) / 2, step = g.sw * g.c, co = g.co;
+  __m256i acc[P][V];
+#pragma GCC unroll 8
+  for (int o = 0; o < P; ++o) {
+#pragma GCC unroll 4
+    for (int v = 0; v < V; ++v) {
+      acc[o][v] = c[v];
+    }
+  }
+  for (int64_t i = 0; i < g.kh; ++i) {
+    const int16_t* run = rows + (i * g.dh) * stride + ow * step;
+    const __m256i* wt = reinterpret_cast<const __m256i*>(wpk + i * pairs * V * 16);
+    for (int64_t p = 0; p < pairs; ++p) {
+#pragma GCC unroll 8
+      for (int o = 0; o < P; ++o) {
+        int32_t word;
+        std::memcpy(&word, run + o * step + 2 * p, sizeof word);
+        const __m256i b = _mm256_set1_epi32(word);
+#pragma GCC unroll 4
+        for (int v = 0; v < V; ++v) {
+          acc[o][v] = _mm256_add_epi32(acc[o][v], _mm256_madd_epi16(b, _mm256_loadu_si256(wt + v)));
+        }
+      }
+      wt += V;
+    }
+  }
+#pragma GCC unroll 8
+  for (int o = 0; o < P; ++o) {
+#pragma GCC unroll 4
+    for (int v = 0; v < V; ++v) {
+      store8(_mm256_cvtepi32_ps(acc[o][v]), s[v], q, std::min<int64_t>(co - 8 * v, 8),
+             out + (ow + o) * co + 8 * v);
+    }
+  }
+}
+
+// One output row over packed rows, V vectors of output channels: tiles of P pixels, then one
+// at a time. P x V accumulators, a broadcast and a weight: 8 + 2 of the 16 registers.
+template <class T, int V>
+TFL_AVX2_FMA void packed_row_avx2(const int16_t* rows, int64_t stride, const int16_t* wpk,
+                                  const int32_t* corr, const float* scale, const Geometry& g,
+                                  T* out) {
+  constexpr int P = 8 / V;
+  const Requant8<T> q(g.zp_y);
+  __m256i c[kMaxPackedVectors];
+  __m256 s[kMaxPackedVectors];
+  for (int v = 0; v < V; ++v) {
+    const __m256i m = lanes8(g.co - 8 * v);
+    c[v] = _mm256_maskload_epi32(corr + 8 * v, m);
+    s[v] = _mm256_maskload_ps(scale + 8 * v, m);
+  }
+  int64_t ow = 0;
+  for (; ow + P <= g.ow; ow += P) {
+    packed_tile<T, V, P>(rows, stride, wpk, c, s, q, g, ow, out);
+  }
+  for (; ow < g.ow; ++ow) {
+    packed_tile<T, V, 1>(rows, stride, wpk, c, s, q, g, ow, out);
+  }
+}
+
+template <class T>
+using PackedRow = void (*)(const int16_t*, int64_t, const int16_t*, const int32_t*,
+                           const float*, const Geometry&, T*);
+
+template <class T>
+PackedRow<T> packed_row_for(int64_t vectors) {
+  switch (vectors) {
+    case 1:
+      return packed_row_avx2<T, 1>;
+    case 2:
+      return packed_row_avx2<T, 2>;
+    case 3:
+      return packed_row_avx2<T, 3>;
+    default:
+      return packed_row_avx2<T, 4>;
+  }
+}
+
 // The weights sign-extended to 16 bits, in their layout (the AVX2 form's operand).
 TFL_AVX2_FMA void widen_weights(const int8_t* w, int64_t count, int16_t* dst) {
   int64_t i = 0;
@@ -430,8 +584,17 @@ void rows(const T* x, const int8_t* w, const int32_t* corr, const float* scale,
   const Form form = g.form == 0 ? form_here() : Form::kPortable;
 #if defined(TFL_X86_AVX512)
   const RowFn vnni_row = form == Form::kVnni ? pick_row<T>(g) : nullptr;
-  thread_local std::vector<int16_t> w16;
-  if (form == Form::kAvx2) {
+  thread_local std::vector<int16_t> w16, packed;
+  // the packed rows where no column dilation splits a kernel row's run; the words elsewhere
+  const int64_t vectors = (g.co + 7) / 8;
+  const bool pack = form == Form::kAvx2 && g.dw == 1 && vectors <= kMaxPackedVectors;
+  const int64_t stride = wp * g.c + 2;  // int16s a packed row, the last run's partner included
+  PackedRow<T> packed_row = nullptr;
+  if (pack) {
+    w16.resize(static_cast<size_t>(g.kh * ((g.kw * g.c + 1) / 2) * vectors * 16));
+    pack_weights(w, g, vectors, w16.data());
+    packed_row = packed_row_for<T>(vectors);
+  } else if (form == Form::kAvx2) {
     const int64_t count = g.kh * g.kw * g.co16 * kLanes;
     w16.resize(static_cast<size_t>(count));
     widen_weights(w, count, w16.data());
@@ -443,6 +606,18 @@ void rows(const T* x, const int8_t* w, const int32_t* corr, const float* scale,
                                                                      int64_t span) {
     band.resize(static_cast<size_t>(span * wp));
     fill_band(x, g, n, ih0, span, form, band.data());
+#if defined(TFL_X86_AVX512)
+    if (pack) {
+      packed.resize(static_cast<size_t>(span * stride + kPackSlack));
+      pack_rows(band.data(), span, wp, g.c, stride, packed.data());
+      g_packed_rows.fetch_add(static_cast<uint64_t>(oh1 - oh0), std::memory_order_relaxed);
+      for (int64_t oh = oh0; oh < oh1; ++oh) {
+        packed_row(packed.data() + (oh - oh0) * g.sh * stride, stride, w16.data(), corr, scale,
+                   g, y + ((n * g.oh + oh) * g.ow) * g.co);
+      }
+      return;
+    }
+#endif
     for (int64_t oh = oh0; oh < oh1; ++oh) {
       const uint32_t* start = band.data() + (oh - oh0) * g.sh * wp;
       T* out = y + ((n * g.oh + oh) * g.ow) * g.co;
@@ -568,6 +743,14 @@ TypedOp g_ops[] = {
 
 std::vector<const ort::CustomOp*> ort::narrow_ops() {
   return ort::op_list(ort_narrow::g_ops);
+}
+
+uint64_t narrow_packed_rows() {
+#if defined(TFL_X86_AVX512)
+  return ort_narrow::g_packed_rows.load(std::memory_order_relaxed);
+#else
+  return 0;
+#endif
 }
 
 const char* narrow_kernel() {

@@ -97,6 +97,41 @@ def test_zero_points_weight_types_and_scales(quant, form):
     np.testing.assert_array_equal(got, expected)
 
 
+# case -> whether the AVX2 form takes it over packed rows (no column dilation, at most 32
+# outputs); the others run over 4-byte words
+PACKED_ON_AVX2 = {
+    "stem 3x3 s2 3->16": True,
+    "stem 3x3 s2 3->16 NHWC": True,
+    "3->32, 35 wide (a 16-pixel SIMD tail)": True,
+    "1 channel -> 5": True,
+    "2 channels NHWC -> 24": True,
+    "1x1": True,
+    "7x7 s2 3->64": False,
+    "3->40 (a partial block)": False,
+    "4 channels -> 48, 5x3 asymmetric pads": False,
+    "dilated, stride 3": False,
+}
+
+
+@pytest.mark.parametrize("case", sorted(PACKED_ON_AVX2))
+def test_the_avx2_form_packs_the_rows_it_can(case):
+    """On AVX2 without VNNI a conv with no column dilation and at most 32 outputs runs over
+    packed rows, every output row of it; the others over 4-byte words. Both give QLinearConv's
+    bytes (test_op_is_qlinearconv_byte_for_byte runs each case in the fastest form)."""
+    if _C._narrow_kernel() != "avx2":
+        pytest.skip(f"the narrow op's form here is {_C._narrow_kernel()}, not avx2")
+    shape, nchw, outputs, kernel, strides, dilations, pads = CASES[case]
+    rng = np.random.default_rng(zlib.crc32(case.encode()))
+    model = narrow_qlinearconv(rng, shape, outputs, kernel, strides, dilations, pads, nchw=nchw)
+    x = random_input(rng, shape, TensorProto.UINT8)
+    before = _C._narrow_packed_rows()
+    expected, got, _ = both(model, x, lambda m: rewrite_narrow(m, form=0))
+    np.testing.assert_array_equal(got, expected)
+    packed = _C._narrow_packed_rows() - before
+    rows = got.shape[0] * got.shape[1]  # N * OH (the output is channels-last)
+    assert packed == (rows if PACKED_ON_AVX2[case] else 0)
+
+
 def test_split_over_two_threads_is_the_same():
     rng = np.random.default_rng(3)
     shape = (3, 3, 64, 64)  # enough work for several pieces (kMinPieceWork)

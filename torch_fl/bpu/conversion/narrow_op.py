@@ -43,10 +43,10 @@ MAX_INPUTS = 4
 MAX_OUTPUTS = 64
 """Output channels of a rewritten conv, at most (four blocks of 16 in the op's registers)."""
 MAX_OUTPUTS_BY_FORM = {"vnni": MAX_OUTPUTS, "avx2": 32}
-"""Output channels of a rewritten conv, at most, per form of the op (`_C._narrow_kernel()`): the
-AVX2 form broadcasts each input word again for each block of 16 outputs, and lost ResNet's 7x7
-stem from 3 to 64 channels to ORT's own kernel (docs/compile.md, *Narrow convolutions on the
-extension's op*) while it won the stems to 16 and 32."""
+"""Output channels of a rewritten conv, at most, per form of the op (`_C._narrow_kernel()`): past
+32 outputs the AVX2 form lost ResNet's 7x7 stem from 3 to 64 channels to ORT's own kernel (over
+words, and over packed rows), and 3x3 stems to 48 and 64 over packed rows (docs/compile.md,
+*Narrow convolutions on the extension's op*), while it wins the stems of 8 to 32."""
 OPS = {TensorProto.UINT8: "NarrowConvU8", TensorProto.INT8: "NarrowConvI8"}
 _NCHW_TO_NHWC = [0, 2, 3, 1]
 
