@@ -25,7 +25,13 @@ from tests.support.sim_ops import (
     random_input,
 )
 from torch_fl import _C
-from torch_fl.bpu.conversion.depthwise import ALIGNED_CHANNELS, OPS, candidates, rewrite_depthwise
+from torch_fl.bpu.conversion.depthwise import (
+    ALIGNED_CHANNELS,
+    EVERY_WIDTH_FORMS,
+    OPS,
+    candidates,
+    rewrite_depthwise,
+)
 
 ort = pytest.importorskip("onnxruntime")
 
@@ -179,6 +185,47 @@ def test_compiled_model_is_unchanged_by_the_op_and_explain_counts_it():
         model, "sim_depthwise", "depthwise", "depthwise", 2, "2 depthwise int8 convs",
         forms=("avx512", "avx2"),
     )  # fmt: skip
+
+
+class _AlignedDepthwise(torch.nn.Module):
+    """Depthwise convs over 32 channels (a multiple of `ALIGNED_CHANNELS`) and over 24."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = torch.nn.Sequential(
+            torch.nn.Conv2d(3, 32, 3, padding=1), torch.nn.ReLU(),
+            torch.nn.Conv2d(32, 32, 3, padding=1, groups=32), torch.nn.Hardswish(),
+            torch.nn.Conv2d(32, 24, 1), torch.nn.ReLU(),
+            torch.nn.Conv2d(24, 24, 5, stride=2, padding=2, groups=24), torch.nn.ReLU(),
+            torch.nn.Conv2d(24, 8, 1),
+        )  # fmt: skip
+
+    def forward(self, x):
+        return self.body(x)
+
+
+def test_the_avx2_form_takes_aligned_widths_too():
+    """Where the op's form is AVX2 (`EVERY_WIDTH_FORMS`) both convs move; on AVX-512 the
+    32-channel one stays ORT's (its kernel is fast there) and only the 24-channel one moves."""
+    from torch_fl import _C
+
+    torch.manual_seed(0)
+    form = _C._depthwise_kernel()
+    if form == "portable":
+        pytest.skip("the depthwise op has no vector form here")
+    moved = 2 if form in EVERY_WIDTH_FORMS else 1
+    assert_moved_and_unchanged(
+        _AlignedDepthwise().eval(), "sim_depthwise", "depthwise", "depthwise", moved,
+        f"{moved} depthwise int8 conv", forms=("avx512", "avx2"),
+    )  # fmt: skip
+
+
+def test_candidates_count_aligned_widths_where_asked():
+    conv = helper.make_node("Conv", ["x", "w"], ["y"], group=24)
+    aligned = helper.make_node("Conv", ["y", "w2"], ["z"], group=32)
+    graph = helper.make_graph([conv, aligned], "g", [], [])
+    assert candidates(helper.make_model(graph)) == 1
+    assert candidates(helper.make_model(graph), every_width=True) == 2
 
 
 def _ties(xs: np.float32, ys: np.float32, count: int) -> list[tuple[np.float32, int]]:
