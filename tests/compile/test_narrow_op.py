@@ -53,6 +53,7 @@ CASES = {
     "4 channels -> 48, 5x3 asymmetric pads": (
         (1, 4, 13, 16), True, 48, (5, 3), (1, 2), (1, 1), (0, 2, 2, 1)),
     "dilated, stride 3": ((1, 3, 17, 19), True, 16, (3, 3), (3, 3), (2, 2), (2, 1, 2, 1)),
+    "rows dilated only": ((1, 3, 15, 17), True, 16, (3, 3), (1, 1), (2, 1), (2, 1, 2, 1)),
     "1x1": ((1, 3, 5, 7), True, 8, (1, 1), (1, 1), (1, 1), (0, 0, 0, 0)),
     "kernel as large as the padded input": (
         (1, 3, 4, 5), True, 16, (6, 7), (1, 1), (1, 1), (1, 1, 1, 1)),
@@ -110,6 +111,7 @@ PACKED_ON_AVX2 = {
     "3->40 (a partial block)": False,
     "4 channels -> 48, 5x3 asymmetric pads": False,
     "dilated, stride 3": False,
+    "rows dilated only": True,
 }
 
 
