@@ -15,8 +15,9 @@ buffer it must first fetch: MobileNetV2's 35 ReLU6 clamps after ORT's convs (by 
 0.986 of the same graph without in place, and to 0.966 together with the clamp form of
 csrc/runtime/ort_lookup.cpp (`clamp_bytes`), which alone gave 0.995.
 
-This pass computes what it can here, from the graph's inputs and the shapes ORT's optimized
-graph records through quantize, dequantize and transpose nodes to the NarrowConv ops they feed
+This pass computes what it can here, from the graph's inputs (ORT's optimized graph records
+no shapes of its own for the tensors between) through quantize, dequantize, transpose, byte
+lookup and channels-last QLinearConv nodes to the NarrowConv ops they feed
 (the stem: each output channels-last, from the op's geometry), the DepthwiseConv and
 GroupedConv ops (channels-last, from the geometry and the bias's length) and the PairGemm ops
 (x's leading dimensions, then the correction's length), and declares those shapes; ORT infers
