@@ -8,7 +8,7 @@ of ten calls, ONNX Runtime's per-call overhead in both):
 - `depthwise`: the depthwise convs of MobileNetV3-Small and -Large, MobileNetV2 and
   EfficientNet-B0 (channels, input size, kernel, stride) on DepthwiseConv
   (`torch_fl._C._depthwise_kernel()`); the sim moves those whose channel count is not a multiple
-  of `ALIGNED_CHANNELS`, and every one where the op's form is AVX2 (conversion/depthwise.py);
+  of `ALIGNED_CHANNELS` (conversion/depthwise.py);
 - `narrow`: image stems from 3 channels at 224x224 (MobileNetV3's to 16, MobileNetV2's and
   EfficientNet's to 32, ResNet's 7x7 to 64) on NarrowConv (`_narrow_kernel()`); the sim moves
   those within its form's `MAX_OUTPUTS_BY_FORM` (conversion/narrow_op.py);
@@ -54,7 +54,7 @@ from tests.support.sim_ops import (  # noqa: E402
     qgemm,
     random_input,
 )
-from torch_fl.bpu.conversion.depthwise import EVERY_WIDTH_FORMS, rewrite_depthwise  # noqa: E402
+from torch_fl.bpu.conversion.depthwise import rewrite_depthwise  # noqa: E402
 from torch_fl.bpu.conversion.narrow_op import MAX_OUTPUTS_BY_FORM, rewrite_narrow  # noqa: E402
 from torch_fl.bpu.conversion.pair_gemm import rewrite_pair_gemm  # noqa: E402
 from torch_fl.bpu.runtime import sim_kernels  # noqa: E402
@@ -182,7 +182,7 @@ def _moved(op: str, model: onnx.ModelProto, form: str) -> bool:
     copy = onnx.ModelProto()
     copy.CopyFrom(model)
     if op == "depthwise":
-        return rewrite_depthwise(copy, every_width=form in EVERY_WIDTH_FORMS) == 1
+        return rewrite_depthwise(copy) == 1
     return rewrite_narrow(copy, max_outputs=MAX_OUTPUTS_BY_FORM.get(form, 0)) == 1
 
 

@@ -424,8 +424,7 @@ class BpuSettings:
         _parse_bool,
         "bool",
         "In the sim's fused integer graph, run each depthwise int8 conv whose channel count ONNX "
-        "Runtime's kernels handle slowly (not a multiple of 16; every one on AVX2), and each "
-        "grouped int8 conv of "
+        "Runtime's kernels handle slowly (not a multiple of 16), and each grouped int8 conv of "
         "groups 2 to 16 channels wide (which ORT runs as one small GEMM a group), on the "
         "extension's own ops: exact float multiply-adds over the integers, or AVX512-VNNI byte "
         "dot products into QLinearConv's own int32, then ORT's requantization, so the bytes are "

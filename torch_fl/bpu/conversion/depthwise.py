@@ -6,7 +6,7 @@ profiler (MobileNetV3, batch 1, 1 thread, AVX512-VNNI EPYC), 3x3 over 88 channel
 55.4 us, 5x5 over 120 at 14x14 41.6 us, against 26.5 us for 5x5 over 240 at 14x14, twice the
 work. The extension's op took 24.2, 19.2 and 33.5 us there (the next profiler run): it wins
 where ORT's kernel runs a remainder of channels and loses on whole multiples of 16 (also 144,
-288, 576), so there only convs with `channels % ALIGNED_CHANNELS != 0` move to it. This pass
+288, 576), so only convs with `channels % ALIGNED_CHANNELS != 0` move to it. This pass
 replaces each such node, in ORT's optimized form of the graph (where the convs already run
 channels-last and the transposes between them are gone: conversion/lookups.py), with
 `torch_fl.bpu.DepthwiseConvU8` / `I8` (csrc/runtime/ort_depthwise.cpp): float multiply-adds
@@ -19,10 +19,8 @@ over strides, dilations, pads, zero points, weight types and batch).
 
 Only where the op has a vector form (`torch_fl._C._depthwise_kernel()` "avx512" or "avx2"): the
 plain loop it falls back to elsewhere is exact but no faster than ORT's kernel; the executor
-asks (runtime/executors.py) and explain() says which. On AVX2 (`EVERY_WIDTH_FORMS`) ORT's
-kernel has no fast width: MobileNetV3-Small's whole session ran faster with all of its
-depthwise convs on the op, aligned ones too (docs/compile.md, *Depthwise convolutions on the
-extension's op*), so there every width moves (`every_width`).
+asks (runtime/executors.py) and explain() says which. ORT's AVX2 kernel is slow on the same
+channel counts (scripts/bench_conv_ops.py, docs/compile.md), so one rule serves both forms.
 """
 
 from __future__ import annotations
@@ -39,7 +37,6 @@ from torch_fl.bpu.conversion.qlinear_conv import RANGE, ConvParts, conv_parts, d
 
 __all__ = [
     "ALIGNED_CHANNELS",
-    "EVERY_WIDTH_FORMS",
     "EXACT_BELOW",
     "OPS",
     "candidates",
@@ -51,24 +48,20 @@ __all__ = [
 ALIGNED_CHANNELS = 16
 """A depthwise conv whose channel count is a multiple of this stays ORT's (its AVX-512 kernel's
 block: see above)."""
-EVERY_WIDTH_FORMS = ("avx2",)
-"""Forms of the op (`_C._depthwise_kernel()`) that take every channel count: ORT's AVX2 kernel
-is no faster on multiples of `ALIGNED_CHANNELS` (above)."""
 EXACT_BELOW = 2**24
 """Integers below this are exact in float32, and so is every sum of them that stays below it."""
 OPS = {TensorProto.UINT8: "DepthwiseConvU8", TensorProto.INT8: "DepthwiseConvI8"}
 
 
-def candidates(model: onnx.ModelProto, every_width: bool = False) -> int:
+def candidates(model: onnx.ModelProto) -> int:
     """How many convs of the integer graph `model` (before ORT's optimizer, which fuses its
     DQ -> Conv -> Q into QLinearConv) may qualify: grouped, the group count not a multiple of
-    `ALIGNED_CHANNELS` (any, with `every_width`); `rewrite_depthwise` decides each on ORT's
-    optimized graph."""
+    `ALIGNED_CHANNELS`; `rewrite_depthwise` decides each on ORT's optimized graph."""
     count = 0
     for node in model.graph.node:
         if node.op_type in ("Conv", "QLinearConv"):
             group = attribute(node, "group", 1)
-            count += group > 1 and (every_width or group % ALIGNED_CHANNELS != 0)
+            count += group > 1 and group % ALIGNED_CHANNELS != 0
     return count
 
 

@@ -79,7 +79,6 @@ def session_graph(
     grouped: bool | None = None,
     narrow_outputs: int = MAX_OUTPUTS,
     pair_gemm: bool = False,
-    every_depthwise: bool = False,
 ) -> SessionGraph:
     """ORT's optimized form of the integer graph `model` (without the optimizers in `disabled`)
     with its elementwise chains as lookups where `lookups` (a float lookup and the mean over it
@@ -90,11 +89,10 @@ def session_graph(
     `narrow_outputs` outputs) as NarrowConv where `narrow`, its channels-first 8-bit max pools
     as MaxPool where `pools`, its 8-bit concats as ConcatLookup where `lookups`, and its one-row
     8-bit GEMMs as Gemv where `dot`, and its 1x1 convs and GEMMs with uint8 weights (ORT's
-    u8u8 kernels) as PairGemm where `pair_gemm`; depthwise convs of every channel count where
-    `every_depthwise` (the op's AVX2 form: conversion/depthwise.py), else those ORT's kernel runs
-    slowly. No ORT pass is spent where no rewrite has anything to replace."""
+    u8u8 kernels) as PairGemm where `pair_gemm`. No ORT pass is spent where no rewrite has anything to
+    replace."""
     want_lookups = lookups and has_chains(model)
-    want_depthwise = depthwise and candidates(model, every_depthwise) > 0
+    want_depthwise = depthwise and candidates(model) > 0
     floats = depthwise if grouped is None else grouped
     want_grouped = (floats or dot) and grouped_candidates(model) > 0
     want_narrow = narrow and narrow_candidates(model) > 0
@@ -118,7 +116,7 @@ def session_graph(
     n_means = (
         fuse_means(optimized, reduce_shapes(shapes())) if n_lookups and pairs(optimized) else 0
     )
-    n_depthwise = rewrite_depthwise(optimized, every_width=every_depthwise) if want_depthwise else 0
+    n_depthwise = rewrite_depthwise(optimized) if want_depthwise else 0
     n_grouped = rewrite_grouped(optimized, dot=dot, floats=floats) if want_grouped else 0
     n_narrow = rewrite_narrow(optimized, max_outputs=narrow_outputs) if want_narrow else 0
     n_pools = rewrite_max_pools(optimized) if want_pools else 0

@@ -22,7 +22,6 @@ import numpy as np
 import onnx
 import torch
 
-from torch_fl.bpu.conversion.depthwise import EVERY_WIDTH_FORMS
 from torch_fl.bpu.conversion.integer_form import to_integer_form
 from torch_fl.bpu.conversion.narrow_convs import rewrite_narrow_convs
 from torch_fl.bpu.conversion.narrow_op import MAX_OUTPUTS_BY_FORM
@@ -66,8 +65,7 @@ def lookup_library() -> str | None:
 
 def depthwise_kernel() -> str:
     """Which form the extension's DepthwiseConv op runs here: "avx512", "avx2" or "portable"
-    (csrc/runtime/ort_depthwise.cpp). The sim uses the op only in a vector form (the AVX2 one
-    for every depthwise conv, the AVX-512 one where ORT's is slow), and its
+    (csrc/runtime/ort_depthwise.cpp). The sim uses the op only in a vector form, and its
     GroupedConv op only in the AVX-512 one (the group shapes it takes are laid out for 16 lanes:
     conversion/grouped_conv.py); the plain loop is exact but no faster than ORT's own kernel
     (conversion/depthwise.py)."""
@@ -230,7 +228,7 @@ class SimExecutor:
                         model, lookups, fast_depthwise, fast_narrow, dot, pools=depthwise,
                         grouped=depthwise and form == "avx512",
                         narrow_outputs=MAX_OUTPUTS_BY_FORM.get(narrow_kernel(), 0),
-                        pair_gemm=pairs, every_depthwise=form in EVERY_WIDTH_FORMS,
+                        pair_gemm=pairs,
                     )  # fmt: skip
                 if not self._rewritten():
                     self._open_session(model.SerializeToString(), fused=True)
@@ -283,7 +281,6 @@ class SimExecutor:
         grouped: bool = False,
         narrow_outputs: int = 0,
         pair_gemm: bool = False,
-        every_depthwise: bool = False,
     ) -> None:
         """Open the session on ORT's optimized form of the fused graph `model` with the
         extension's ops in it (conversion/session_graph.py); where it has nothing to replace or
@@ -293,7 +290,6 @@ class SimExecutor:
             graph = session_graph(
                 model, UNFUSED, lookups, depthwise, narrow, dot, pools, grouped=grouped,
                 narrow_outputs=narrow_outputs, pair_gemm=pair_gemm,
-                every_depthwise=every_depthwise,
             )  # fmt: skip
             if graph.data is not None:
                 self.lookups, self.depthwise = graph.lookups, graph.depthwise
