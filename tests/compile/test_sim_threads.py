@@ -168,6 +168,31 @@ def test_a_confirmation_runs_blocks_at_each_count_in_turn_and_keeps_the_faster()
     assert tie.best() == 1  # a tie keeps the fewer threads
 
 
+def _confirmation(counts, first_ms, confirmed_ms):
+    """A Confirmation of `counts` whose every call at count n took `confirmed_ms[n]`."""
+    confirm = sim_threads.Confirmation(counts, pid=0, rounds=1, block=2, first_ms=first_ms)
+    while (n := confirm.next_count()) is not None:
+        confirm.record(confirmed_ms[n] / 1e3)
+    return confirm
+
+
+def test_a_near_tie_in_the_confirmation_keeps_a_first_choice_made_by_a_clear_margin():
+    margin = sim_threads.CONFIRM_MARGIN
+    # the first call found 2 threads 1.84x faster; the confirmation, on a busy host, 1 thread
+    # 1.4 % faster: within the margin, so 2 stays
+    near = {1: 8.911, 2: 9.035}
+    assert 9.035 <= 8.911 * (1 + margin)
+    assert _confirmation((2, 1), {1: 10.019, 2: 5.437}, near).best() == 2
+    # a confirmation that finds the other count faster by more than the margin overrides it
+    assert _confirmation((2, 1), {1: 10.019, 2: 5.437}, {1: 8.0, 2: 9.035}).best() == 1
+    # a first call that could not tell them apart either: the fewer threads, as on any tie
+    assert _confirmation((2, 1), {1: 5.6, 2: 5.5}, near).best() == 1
+    # without the first call's times (a choice it did not measure): the confirmation's fastest
+    assert _confirmation((2, 1), None, near).best() == 1
+    # the first choice faster in the confirmation too: kept, whatever the first times
+    assert _confirmation((1, 2), {1: 5.0, 2: 5.1}, {1: 4.0, 2: 6.0}).best() == 1
+
+
 def _confirmed(compiled, x, out):
     """Run calls until the partition's confirmation is done; every output equals `out`."""
     with torch.no_grad():

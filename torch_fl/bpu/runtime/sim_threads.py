@@ -23,6 +23,7 @@ from torch_fl.bpu.settings import usable_cpus
 
 __all__ = [
     "CONFIRM_CALLS",
+    "CONFIRM_MARGIN",
     "Confirmation",
     "ThreadChoice",
     "candidates",
@@ -132,6 +133,14 @@ CONFIRM_ROUNDS = 3
 CONFIRM_BLOCK = 4
 """Calls per block of the confirmation, the first one untimed (it follows the other count's
 session: see `TURN_WARMUPS`)."""
+CONFIRM_MARGIN = 0.05
+"""How much faster the confirmation must find another count before it overrides a first call
+that told the two apart by more than this: within it, a confirmation that ran beside a busy
+host cannot tell them apart. In a benchmark process on a 2-vCPU EPYC (scripts/bench_sim.py,
+the 4-layer encoder at batch 1), the first call timed 1 thread 10.019 ms and 2 threads 5.437;
+the confirmation, its calls among other programs' spinning pools, 8.911 and 9.035 ms, and the
+fewer threads then won the near-tie: every later call ran 9.42 ms on 1 thread where 2 ran the
+session in 5.5."""
 CONFIRM_CALLS = CONFIRM_ROUNDS * 2 * CONFIRM_BLOCK
 """Calls a confirmation of two counts takes (the calls after a partition's first one)."""
 PENDING = "; being confirmed on the next calls"
@@ -153,9 +162,12 @@ class Confirmation:
 
     def __init__(
         self, counts: tuple[int, ...], pid: int, rounds: int = CONFIRM_ROUNDS,
-        block: int = CONFIRM_BLOCK,
+        block: int = CONFIRM_BLOCK, first_ms: dict[int, float] | None = None,
     ) -> None:  # fmt: skip
+        """`counts`: the first call's ranking, its choice first; `first_ms`: its times (ms a
+        call) at each count, where it measured them."""
         self.counts = counts
+        self.first_ms = dict(first_ms or {})
         self.pid = pid
         """The process it was set up in: a forked child has none of the open trial sessions."""
         self._plan = [
@@ -183,6 +195,17 @@ class Confirmation:
         return {n: round(statistics.median(v) * 1e3, 3) for n, v in self.samples.items() if v}
 
     def best(self) -> int:
-        """The count with the lowest median (the fewer threads on a tie)."""
+        """The count with the lowest median (the fewer threads on a tie), except where the first
+        call's choice is within `CONFIRM_MARGIN` of it and the first call found that choice
+        faster than every other count by more than the margin: then the first call's."""
         medians = self.medians_ms()
-        return min(medians, key=lambda n: (medians[n], n))
+        fastest = min(medians, key=lambda n: (medians[n], n))
+        first = self.counts[0] if self.counts else fastest
+        if first == fastest or first not in medians:
+            return fastest
+        close = medians[first] <= medians[fastest] * (1 + CONFIRM_MARGIN)
+        times = self.first_ms
+        apart = first in times and all(
+            times[first] * (1 + CONFIRM_MARGIN) < times[n] for n in self.counts[1:] if n in times
+        )
+        return first if close and apart else fastest
