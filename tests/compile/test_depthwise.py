@@ -200,8 +200,8 @@ class _AlignedDepthwise(torch.nn.Module):
 
 def test_aligned_widths_stay_onnx_runtimes_on_every_form():
     """On either vector form of the op only the 24-channel conv moves; the 32-channel one stays
-    ORT's. On AVX2 too: moving aligned widths there (tried) made whole sessions slower, up to
-    1.32x (EfficientNet-B0, docs/compile.md)."""
+    ORT's. On AVX2 too: moving aligned widths there (tried) made whole sessions slower
+    (MobileNetV2 1.1x: docs/compile.md)."""
     torch.manual_seed(0)
     assert_moved_and_unchanged(
         _AlignedDepthwise().eval(), "sim_depthwise", "depthwise", "depthwise", 1,
