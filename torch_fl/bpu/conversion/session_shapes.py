@@ -23,8 +23,9 @@ GroupedConv ops (channels-last, from the geometry and the bias's length) and the
 (x's leading dimensions, then the correction's length), and declares those shapes; ORT infers
 the rest through its own ops. A shape it cannot compute is not declared (a wrong one would make
 ORT reuse a buffer of the wrong size: it checks and fails the run, or falls back to
-allocating). With every depthwise conv on the extension's op on AVX2 (conversion/depthwise.py),
-the clamp after an aligned one no longer ran in place until its output was declared here.
+allocating). A byte lookup runs in place over its input's buffer only where ORT knows that
+input's shape, so a lookup after one of the extension's ops needs the op's output declared here
+(tests/compile/test_session_shapes.py).
 """
 
 from __future__ import annotations
