@@ -20,7 +20,9 @@ over strides, dilations, pads, zero points, weight types and batch).
 Only where the op has a vector form (`torch_fl._C._depthwise_kernel()` "avx512" or "avx2"): the
 plain loop it falls back to elsewhere is exact but no faster than ORT's kernel; the executor
 asks (runtime/executors.py) and explain() says which. ORT's AVX2 kernel is slow on the same
-channel counts (scripts/bench_conv_ops.py, docs/compile.md), so one rule serves both forms.
+channel counts (scripts/bench_conv_ops.py, docs/compile.md), so one rule serves both forms;
+moving the aligned ones too on AVX2 was tried and undone (MobileNetV2's session 1.1x slower:
+docs/compile.md, *Depthwise convolutions on the extension's op*).
 """
 
 from __future__ import annotations

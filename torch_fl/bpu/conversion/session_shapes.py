@@ -68,16 +68,12 @@ def _known(info: onnx.ValueInfoProto) -> list | None:
 def _narrow_output(x: list, geometry) -> list | None:
     """The NarrowConv op's output shape [N, OH, OW, CO] for x of shape `x` (csrc/runtime/
     ort_narrow.cpp: geometry KH, KW, strides, pads top, left, bottom, right, dilations, zero
-    points, CO, layout); None where the spatial sizes are symbolic or out of range."""
+    points, CO, layout; x channels-first where layout is 1); None where the spatial sizes are
+    symbolic or out of range."""
     if len(x) != 4 or len(geometry) < 14:
         return None
-    kh, kw, sh, sw, pt, pl, pb, pr, dh, dw, _, _, co, layout = (int(v) for v in geometry[:14])
-    h, w = (x[2], x[3]) if layout == 1 else (x[1], x[2])
-    if not (isinstance(h, int) and isinstance(w, int)) or min(sh, sw, dh, dw, co) < 1:
-        return None
-    oh = (h + pt + pb - dh * (kh - 1) - 1) // sh + 1
-    ow = (w + pl + pr - dw * (kw - 1) - 1) // sw + 1
-    return [x[0], oh, ow, co] if oh > 0 and ow > 0 else None
+    channels_last = [x[0], x[2], x[3], x[1]] if int(geometry[13]) == 1 else x
+    return _windowed_output(channels_last, geometry[:10], int(geometry[12]))
 
 
 def _windowed_output(x: list, geometry, channels: int) -> list | None:

@@ -511,9 +511,10 @@ class PartitionRuntime(torch.nn.Module):
         )
         self._confirm = None
         self.entry.sim_threads = _thread_choice(inner, host, args, self._frozen, settings)
-        leading = (self.entry.sim_threads or {}).get("confirm", ())
+        choice = self.entry.sim_threads or {}
+        leading = choice.get("confirm", ())
         if len(leading) > 1:
-            first_ms = (self.entry.sim_threads or {}).get("times_ms") or {}
+            first_ms = choice.get("times_ms") or {}
             self._confirm = sim_threads.Confirmation(leading, os.getpid(), first_ms=first_ms)
         self.entry.weight_check = self._frozen.describe() if self._frozen is not None else None
         self._set_kind(kind)
