@@ -30,6 +30,14 @@
 namespace torch_fl {
 namespace ort_lookup {
 
+// How many of the `left` rows mean_floats adds as its next group (ort_lookup.h, MeanOrder).
+inline size_t group_size(MeanOrder order, size_t left) {
+  if (order == MeanOrder::kRowOrder) {
+    return 1;
+  }
+  return left >= 4 ? 4 : left >= 2 ? 2 : 1;
+}
+
 // ONNX Runtime's QuantizeLinear as a product pair's last step (Lookup2Mul, below): the value
 // divided by `scale` (multiplied, where `divide` is false), clamped to [lo, hi] less the zero
 // point, rounded to nearest even, plus the zero point.
@@ -277,21 +285,28 @@ TFL_VBMI void product_repeating_vbmi(const float* table, const uint8_t* x, const
 
 // mean_floats (ort_lookup.h) 64 columns at a time, the looked-up floats added in registers.
 TFL_VBMI void mean_floats_vbmi(const float* table, const uint8_t* x, size_t rows, size_t cols,
-                               size_t stride, float* y) {
+                               size_t stride, MeanOrder order, float* y) {
   FloatPlanes p;
   make_planes(table, &p);
   const __m512 div = _mm512_set1_ps(static_cast<float>(rows));
   for (size_t c = 0; c < cols; c += 64) {
     const __mmask64 in = first_bytes(cols - c);
-    __m512 acc[4];
+    __m512 acc[4], group[4];
     __m512i q[4];
-    lookup64(p, _mm512_maskz_loadu_epi8(in, x + c), q);
 #pragma GCC unroll 4
-    for (int k = 0; k < 4; ++k) acc[k] = _mm512_castsi512_ps(q[k]);
-    for (size_t r = 1; r < rows; ++r) {
-      lookup64(p, _mm512_maskz_loadu_epi8(in, x + r * stride + c), q);
+    for (int k = 0; k < 4; ++k) acc[k] = _mm512_setzero_ps();
+    for (size_t r = 0; r < rows;) {
+      const size_t size = group_size(order, rows - r);
+      for (size_t i = 0; i < size; ++i, ++r) {
+        lookup64(p, _mm512_maskz_loadu_epi8(in, x + r * stride + c), q);
 #pragma GCC unroll 4
-      for (int k = 0; k < 4; ++k) acc[k] = _mm512_add_ps(acc[k], _mm512_castsi512_ps(q[k]));
+        for (int k = 0; k < 4; ++k) {
+          const __m512 v = _mm512_castsi512_ps(q[k]);
+          group[k] = i == 0 ? v : _mm512_add_ps(group[k], v);
+        }
+      }
+#pragma GCC unroll 4
+      for (int k = 0; k < 4; ++k) acc[k] = _mm512_add_ps(group[k], acc[k]);
     }
 #pragma GCC unroll 4
     for (int k = 0; k < 4; ++k) {
@@ -499,11 +514,23 @@ TFL_AVX2 void clamp_avx2(uint8_t lo, uint8_t hi, const uint8_t* x, uint8_t* y, s
   }
 }
 
-// 8 floats of a 256-float table at the 8 bytes from x (a gather).
+// 8 floats of a 256-float table at the 8 bytes from x: each loaded on its own and put in its
+// lane. On Zen 3 AVX2's gather of the 8 took about twice as long (a mean over 196 rows of 240
+// bytes, by hand: 21.9 against 12.3 us; and gathers are slow on Intel's cores since their
+// microcode's Downfall fix): MobileNetV3-Small's nine squeeze-excitation means and products at
+// batch 8 (ORT's profiler, 1 thread) are docs/compile.md's figures.
 TFL_AVX2 inline __m256 floats8_avx2(const float* table, const uint8_t* x) {
-  int64_t bytes;
-  std::memcpy(&bytes, x, sizeof bytes);
-  return _mm256_i32gather_ps(table, _mm256_cvtepu8_epi32(_mm_cvtsi64_si128(bytes)), 4);
+  uint64_t b;
+  std::memcpy(&b, x, sizeof b);
+  const auto at = [&](int byte) TFL_AVX2 { return _mm_load_ss(table + ((b >> (8 * byte)) & 255)); };
+  __m128 lo = at(0), hi = at(4);
+  lo = _mm_insert_ps(lo, at(1), 0x10);
+  hi = _mm_insert_ps(hi, at(5), 0x10);
+  lo = _mm_insert_ps(lo, at(2), 0x20);
+  hi = _mm_insert_ps(hi, at(6), 0x20);
+  lo = _mm_insert_ps(lo, at(3), 0x30);
+  hi = _mm_insert_ps(hi, at(7), 0x30);
+  return _mm256_insertf128_ps(_mm256_castps128_ps256(lo), hi, 1);
 }
 
 // The whole 8s of lookup_floats; returns how many it did (the rest: the caller's loop).
@@ -515,16 +542,22 @@ TFL_AVX2 size_t lookup_floats_avx2(const float* table, const uint8_t* x, float* 
   return i;
 }
 
-// The whole 8s of mean_floats' columns, added in row order as the plain loop adds them; returns
+// The whole 8s of mean_floats' columns, added in `order` as the plain loop adds them; returns
 // how many columns it did.
 TFL_AVX2 size_t mean_floats_avx2(const float* table, const uint8_t* x, size_t rows, size_t cols,
-                                 size_t stride, float* y) {
+                                 size_t stride, MeanOrder order, float* y) {
   const __m256 div = _mm256_set1_ps(static_cast<float>(rows));
   size_t k = 0;
   for (; k + 8 <= cols; k += 8) {
-    __m256 acc = floats8_avx2(table, x + k);
-    for (size_t r = 1; r < rows; ++r) {
-      acc = _mm256_add_ps(acc, floats8_avx2(table, x + r * stride + k));
+    __m256 acc = _mm256_setzero_ps();
+    for (size_t r = 0; r < rows;) {
+      const size_t size = group_size(order, rows - r);
+      __m256 group = floats8_avx2(table, x + r * stride + k);
+      for (size_t i = 1; i < size; ++i) {
+        group = _mm256_add_ps(group, floats8_avx2(table, x + (r + i) * stride + k));
+      }
+      acc = _mm256_add_ps(group, acc);
+      r += size;
     }
     _mm256_storeu_ps(y + k, _mm256_div_ps(acc, div));
   }
@@ -749,19 +782,20 @@ bool product_pairs_repeating(const Product& p, const uint8_t* run, const uint8_t
 }
 
 void mean_floats_portable(const float* table, const uint8_t* x, size_t rows, size_t cols,
-                          size_t stride, float* y) {
-  for (size_t k = 0; k < cols; ++k) {
-    y[k] = table[x[k]];
-  }
-  for (size_t r = 1; r < rows; ++r) {
-    const uint8_t* row = x + r * stride;
-    for (size_t k = 0; k < cols; ++k) {
-      y[k] += table[row[k]];
-    }
-  }
+                          size_t stride, MeanOrder order, float* y) {
   const float div = static_cast<float>(rows);
   for (size_t k = 0; k < cols; ++k) {
-    y[k] /= div;
+    float acc = 0.0f;
+    for (size_t r = 0; r < rows;) {
+      const size_t size = group_size(order, rows - r);
+      float group = table[x[r * stride + k]];
+      for (size_t i = 1; i < size; ++i) {
+        group += table[x[(r + i) * stride + k]];
+      }
+      acc = group + acc;
+      r += size;
+    }
+    y[k] = acc / div;
   }
 }
 
@@ -1197,19 +1231,19 @@ void lookup_floats(const float* table, const uint8_t* x, float* y, size_t n, boo
 }
 
 void mean_floats(const float* table, const uint8_t* x, size_t rows, size_t cols, size_t stride,
-                 float* y, bool portable) {
+                 float* y, MeanOrder order, bool portable) {
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
   if (!portable && ort_lookup::have_vbmi()) {
-    ort_lookup::mean_floats_vbmi(table, x, rows, cols, stride, y);
+    ort_lookup::mean_floats_vbmi(table, x, rows, cols, stride, order, y);
     return;
   }
   if (!portable && ort_lookup::have_avx2()) {
-    const size_t done = ort_lookup::mean_floats_avx2(table, x, rows, cols, stride, y);
-    ort_lookup::mean_floats_portable(table, x + done, rows, cols - done, stride, y + done);
+    const size_t done = ort_lookup::mean_floats_avx2(table, x, rows, cols, stride, order, y);
+    ort_lookup::mean_floats_portable(table, x + done, rows, cols - done, stride, order, y + done);
     return;
   }
 #endif
-  ort_lookup::mean_floats_portable(table, x, rows, cols, stride, y);
+  ort_lookup::mean_floats_portable(table, x, rows, cols, stride, order, y);
 }
 
 const char* lookup_kernel() {

@@ -21,12 +21,21 @@ void lookup_byte_rows(const uint8_t* table, const uint8_t* x, size_t x_stride, u
 void lookup_floats(const float* table, const uint8_t* x, float* y, size_t n,
                    bool portable = false);
 
+// The order in which mean_floats adds a column's rows, each ONNX Runtime's ReduceMean order for
+// one form of reduction (ort_mean.cpp):
+//   kRowOrder     0.0 + row 0 + row 1 + ... in turn ([1, R, C] over R: its "RK" form);
+//   kGroupsOfFour the rows in groups of 4, then one of 2, then 1 (as many as are left), each
+//                 group added left to right and then to the sum so far, which starts at 0.0
+//                 ([N, R, C] over R: its "KRK" form, a 1-row matrix product per item, whose x86
+//                 kernel MlasSgemmKernelM1Avx adds so).
+enum class MeanOrder { kRowOrder = 0, kGroupsOfFour = 1 };
+
 // y[k] = (table[x[k]] + table[x[stride + k]] + ... + table[x[(rows - 1) stride + k]]) / rows
-// for k < cols, a table of 256 floats, the additions in row order (ort_mean.cpp: `cols` of a row
+// for k < cols, a table of 256 floats, the additions in `order` (ort_mean.cpp: `cols` of a row
 // of `stride`, so that threads can take column ranges); `portable` as for lookup_bytes (the
-// AVX512-VBMI form or the plain loop).
+// AVX512-VBMI or AVX2 form, or the plain loop).
 void mean_floats(const float* table, const uint8_t* x, size_t rows, size_t cols, size_t stride,
-                 float* y, bool portable = false);
+                 float* y, MeanOrder order = MeanOrder::kRowOrder, bool portable = false);
 
 // A 256-byte table that clamps its byte: table[b] == min(max(b, lo), hi) for every byte b, the
 // bytes compared as unsigned or (`is_signed`) as int8. The ReLUs that
