@@ -29,13 +29,15 @@
 //     scale     [C] float: the requantization scale
 //     geometry  [13] int64: KH, KW, stride h, w, pads top, left, bottom, right, dilation h, w,
 //               x zero point, y zero point, form (0: the fastest form here; 1: the plain loop,
-//               for tests that compare the two)
+//               for tests that compare the two); or [15]: the least and greatest output byte
+//               before form (a clamp that followed the op, folded in: conversion/clamp_fold.py)
 //     y         [N, OH, OW, C] of x's type
 //   GroupedConv<U8|I8>(x, weights, bias, scale, geometry) -> y
 //     x         [N, H, W, CI] (channels last), CI = groups x G
 //     weights   [G, KH * KW, CO] float: w - w_zero_point, input-of-group-major, then tap-major
 //     bias, scale [CO]
-//     geometry  [14] int64: as DepthwiseConv's, then G (input channels a group) before form
+//     geometry  [14] int64: as DepthwiseConv's, then G (input channels a group) before form;
+//               or [16]: the least and greatest output byte before G
 //     y         [N, OH, OW, CO], CO a multiple of the group count
 // conversion/depthwise.py writes them only where that exactness bound holds per channel.
 #include "runtime/ort_depthwise.h"
@@ -58,6 +60,7 @@ struct Geometry {
   int64_t kh, kw, sh, sw, pt, pl, pb, pr, dh, dw, zp_x, zp_y, form;
   int64_t n, h, w, c, oh, ow;  // c: output channels
   int64_t cin, gw, ogw;        // input channels; input and output channels a group
+  int64_t lo_q, hi_q;          // the output bytes' range (ort_requant.h)
 };
 
 
@@ -99,7 +102,7 @@ void row_portable(const float* const* taps, const float* w, const float* bias,
           }
         }
       }
-      out[ow * g.c + c] = requantize<T>(acc, scale[c], g.zp_y);
+      out[ow * g.c + c] = requantize<T>(acc, scale[c], g.zp_y, g.lo_q, g.hi_q);
     }
   }
 }
@@ -352,23 +355,26 @@ Status* compute(void* kernel, KernelContext* context, bool grouped) {
                  " of ONNX element type " + std::to_string(x.type));
   }
   const size_t values = grouped ? 14 : 13;
-  if (geo.type != kInt64 || geo.count != values) {
+  const bool bounded = geo.count == values + 2;
+  if (geo.type != kInt64 || (geo.count != values && !bounded)) {
     return error(std::string("torch_fl.bpu ") + op + ": geometry must be " +
-                 std::to_string(values) + " int64 values");
+                 std::to_string(values) + " int64 values, or " + std::to_string(values + 2) +
+                 " with the least and greatest output byte");
   }
   const int64_t* v = static_cast<const int64_t*>(geo.data);
-  const int64_t cin = x.dims[3], gw = grouped ? v[12] : 1;
-  Geometry g{v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7], v[8], v[9], v[10], v[11],
-             v[values - 1], x.dims[0], x.dims[1], x.dims[2],
-             grouped ? static_cast<int64_t>(bias.count) : cin, 0, 0,
-             cin, gw, 1};
+  const int64_t cin = x.dims[3], gw = grouped ? v[geo.count - 2] : 1;
   const int64_t lo = spec.type == kUint8 ? 0 : -128, hi = spec.type == kUint8 ? 255 : 127;
+  Geometry g{v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7], v[8], v[9], v[10], v[11],
+             v[geo.count - 1], x.dims[0], x.dims[1], x.dims[2],
+             grouped ? static_cast<int64_t>(bias.count) : cin, 0, 0,
+             cin, gw, 1, bounded ? v[12] : lo, bounded ? v[13] : hi};
   if (g.kh < 1 || g.kw < 1 || g.sh < 1 || g.sw < 1 || g.dh < 1 || g.dw < 1 || g.pt < 0 ||
       g.pl < 0 || g.pb < 0 || g.pr < 0 || g.zp_x < lo || g.zp_x > hi || g.zp_y < lo ||
-      g.zp_y > hi || g.form < 0 || g.form > 1) {
+      g.zp_y > hi || g.form < 0 || g.form > 1 || g.lo_q < lo || g.hi_q > hi || g.lo_q > g.hi_q) {
     return error(std::string("torch_fl.bpu ") + op +
                  ": geometry out of range (kernel, strides and dilations >= 1, pads >= 0, zero "
-                 "points in the 8-bit type's range, form 0 or 1)");
+                 "points in the 8-bit type's range, output bytes lo <= hi inside it, form 0 or "
+                 "1)");
   }
   // the groups: G input channels each, and as many of the outputs each
   if (gw < 1 || cin % gw != 0 || cin == 0 || g.c % (cin / gw) != 0) {

@@ -27,7 +27,9 @@
 //     corr      [N] int32: bias - zp * sum_k w (zp: x's zero point, plus 128 for int8 x)
 //     scale     [N] float: the output scale of each column
 //     geometry  [3] int64: K, y's zero point (unused for float y), form (0: the fastest form
-//               here; 1: the plain loop, for tests that compare the two)
+//               here; 1: the plain loop, for tests that compare the two); or [5]: K, y's zero
+//               point, the least and greatest output byte (a clamp that followed the op,
+//               folded in: conversion/clamp_fold.py; 8-bit y only), form
 //     y         [..., N] float (the F ops), else of x's type
 // conversion/pair_gemm.py writes them where the sim's integer kernels are the u8u8 ones and the
 // CPU has AVX2 but no AVX-512 (runtime/executors.takes_pair_gemms).
@@ -50,6 +52,7 @@ using namespace torch_fl::ort;
 
 struct Geometry {
   int64_t m, k, n, zp_y, form;
+  int64_t lo_q, hi_q;  // the output bytes' range (ort_requant.h)
   int64_t pairs() const { return (k + 1) / 2; }  // K2
   int64_t blocks() const { return (n + 15) / 16; }
   int64_t block_words() const { return pairs() * 16; }  // int32 words (16-bit pairs) a block
@@ -116,11 +119,11 @@ inline int32_t dot_portable(const int16_t* row, const int16_t* w, const int32_t*
 }
 
 template <class Y>
-inline void put(float value, float scale, int64_t zp_y, Y* out) {
+inline void put(float value, float scale, int64_t zp_y, int64_t lo_q, int64_t hi_q, Y* out) {
   if constexpr (std::is_same<Y, float>::value) {
     *out = value * scale;
   } else {
-    *out = requantize<Y>(value, scale, zp_y);
+    *out = requantize<Y>(value, scale, zp_y, lo_q, hi_q);
   }
 }
 
@@ -131,7 +134,7 @@ void tile_portable(const int16_t* rows, int64_t count, const int16_t* w, const i
     const int16_t* row = rows + r * 2 * g.pairs();
     for (int64_t col = 0; col < g.n; ++col) {
       const int32_t acc = dot_portable(row, w, corr, g, col);
-      put(static_cast<float>(acc), scale[col], g.zp_y, y + r * g.n + col);
+      put(static_cast<float>(acc), scale[col], g.zp_y, g.lo_q, g.hi_q, y + r * g.n + col);
     }
   }
 }
@@ -228,7 +231,7 @@ template <class Y>
 TFL_AVX2_FMA void tile_avx2(const int16_t* rows, int64_t count, const int16_t* w,
                             const int32_t* corr, const float* scale, const Geometry& g, Y* y) {
   const int64_t stride = 2 * g.pairs();
-  const Requant8<Y> q(g.zp_y);
+  const Requant8<Y> q(g.zp_y, g.lo_q, g.hi_q);
   for (int64_t b = 0; b < g.blocks(); ++b) {
     const int16_t* block = w + b * g.block_words() * 2;
     const int64_t col = b * 16;
@@ -304,11 +307,13 @@ Status* compute(void* kernel, KernelContext* context) {
   TFL_ORT_TRY(read_input(context, 2, &corr, op));
   TFL_ORT_TRY(read_input(context, 3, &scale, op));
   TFL_ORT_TRY(read_input(context, 4, &geo, op));
-  if (geo.type != kInt64 || geo.count != 3) {
-    return fail(op, "geometry must be 3 int64 values (K, y's zero point, form)");
+  if (geo.type != kInt64 || (geo.count != 3 && geo.count != 5)) {
+    return fail(op, "geometry must be 3 int64 values (K, y's zero point, form) or 5 (K, y's zero "
+                    "point, least and greatest output byte, form)");
   }
   const int64_t* v = static_cast<const int64_t*>(geo.data);
-  Geometry g{0, v[0], static_cast<int64_t>(corr.count), v[1], v[2]};
+  const bool bounded = geo.count == 5;
+  Geometry g{0, v[0], static_cast<int64_t>(corr.count), v[1], v[geo.count - 1], 0, 0};
   const char* type_name = spec.type == kUint8 ? "uint8" : "int8";
   if (x.type != spec.type || x.dims.empty() || x.dims.back() != g.k) {
     return fail(op, std::string("x must be a tensor of ") + type_name + " whose last dimension "
@@ -317,9 +322,11 @@ Status* compute(void* kernel, KernelContext* context) {
   }
   const int64_t lo = spec.type == kUint8 ? 0 : -128, hi = spec.type == kUint8 ? 255 : 127;
   const bool float_out = spec.out_type == kFloat;
-  if (g.k < 1 || g.form < 0 || g.form > 1 || (!float_out && (g.zp_y < lo || g.zp_y > hi))) {
+  g.lo_q = bounded ? v[2] : lo, g.hi_q = bounded ? v[3] : hi;
+  if (g.k < 1 || g.form < 0 || g.form > 1 || (!float_out && (g.zp_y < lo || g.zp_y > hi)) ||
+      g.lo_q < lo || g.hi_q > hi || g.lo_q > g.hi_q || (bounded && float_out)) {
     return fail(op, "geometry out of range (K >= 1, y's zero point in the 8-bit type's range, "
-                    "form 0 or 1)");
+                    "output bytes lo <= hi inside it, for an 8-bit y only; form 0 or 1)");
   }
   if (corr.type != kInt32 || g.n < 1) {
     return fail(op, "corr must be N >= 1 int32 values");

@@ -19,11 +19,26 @@
 
 namespace torch_fl::ort {
 
-// The plain form, one output: `acc` the accumulator (exact in float: see each op).
+// The 8-bit type's range: the output bounds where an op's geometry gives none.
 template <class T>
-inline T requantize(float acc, float scale, int64_t zp) {
-  const float lo = static_cast<float>((std::is_signed<T>::value ? -128 : 0) - zp);
-  const float hi = static_cast<float>((std::is_signed<T>::value ? 127 : 255) - zp);
+constexpr int64_t type_lo() {
+  return std::is_signed<T>::value ? -128 : 0;
+}
+template <class T>
+constexpr int64_t type_hi() {
+  return std::is_signed<T>::value ? 127 : 255;
+}
+
+// The plain form, one output: `acc` the accumulator (exact in float: see each op). The output
+// is clamped to [lo_q, hi_q], a range inside the type's: a clamp that followed the op (a ReLU's
+// Max with the zero point, a ReLU6's Clip: conversion/clamp_fold.py) folded into its output
+// step. Clamping the rounded byte and clamping the float before rounding to those integer bounds
+// less the zero point give the same byte, rounding being monotone.
+template <class T>
+inline T requantize(float acc, float scale, int64_t zp, int64_t lo_q = type_lo<T>(),
+                    int64_t hi_q = type_hi<T>()) {
+  const float lo = static_cast<float>(lo_q - zp);
+  const float hi = static_cast<float>(hi_q - zp);
   const float r = std::min(std::max(acc * scale, lo), hi);
   return static_cast<T>(static_cast<int>(std::nearbyint(r)) + zp);
 }
@@ -36,9 +51,10 @@ template <class T>
 struct Requant {
   __m512 lo, hi;
   __m512i zp;
-  TFL_AVX512 explicit Requant(int64_t zp_y)
-      : lo(_mm512_set1_ps(static_cast<float>((std::is_signed<T>::value ? -128 : 0) - zp_y))),
-        hi(_mm512_set1_ps(static_cast<float>((std::is_signed<T>::value ? 127 : 255) - zp_y))),
+  TFL_AVX512 explicit Requant(int64_t zp_y, int64_t lo_q = type_lo<T>(),
+                              int64_t hi_q = type_hi<T>())
+      : lo(_mm512_set1_ps(static_cast<float>(lo_q - zp_y))),
+        hi(_mm512_set1_ps(static_cast<float>(hi_q - zp_y))),
         zp(_mm512_set1_epi32(static_cast<int>(zp_y))) {}
 };
 
@@ -81,9 +97,10 @@ template <class T>
 struct Requant8 {
   __m256 lo, hi;
   __m256i zp;
-  TFL_AVX2_FMA explicit Requant8(int64_t zp_y)
-      : lo(_mm256_set1_ps(static_cast<float>((std::is_signed<T>::value ? -128 : 0) - zp_y))),
-        hi(_mm256_set1_ps(static_cast<float>((std::is_signed<T>::value ? 127 : 255) - zp_y))),
+  TFL_AVX2_FMA explicit Requant8(int64_t zp_y, int64_t lo_q = type_lo<T>(),
+                                 int64_t hi_q = type_hi<T>())
+      : lo(_mm256_set1_ps(static_cast<float>(lo_q - zp_y))),
+        hi(_mm256_set1_ps(static_cast<float>(hi_q - zp_y))),
         zp(_mm256_set1_epi32(static_cast<int>(zp_y))) {}
 };
 

@@ -35,7 +35,10 @@ SUITES = {
     "narrow": ("_narrow_kernel", ["tests/compile/test_narrow_op.py"]),
     # the op the sim takes only where its kernels are ORT's u8u8 ones (no VNNI): its compiled
     # model's convs move only here
-    "pairs": ("_pair_gemm_kernel", ["tests/compile/test_pair_gemm.py"]),
+    "pairs": (
+        "_pair_gemm_kernel",
+        ["tests/compile/test_pair_gemm.py", "tests/compile/test_clamp_fold.py"],
+    ),
 }
 
 pytestmark = pytest.mark.skipif(

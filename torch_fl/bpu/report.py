@@ -209,6 +209,8 @@ class Report:
             ("pair_gemms", "sim pair GEMMs", "1x1 int8 conv{s} or GEMM{s} with uint8 weights on "
              "the extension's exact AVX2 16-bit kernel, bit-equal to ONNX Runtime's u8u8 ones "
              "(conversion/pair_gemm.py)"),
+            ("folded_clamps", "sim folded clamps", "byte clamp{s} (a ReLU's, a ReLU6's) folded "
+             "into the output step of the extension's op it reads (conversion/clamp_fold.py)"),
         )  # fmt: skip
         lines += [
             f"{label}: graph {g.graph_id} part {p.id}: {n} " + what.format(s="s" * (n != 1))

@@ -1,7 +1,8 @@
 """The graph a fused sim session opens: ONNX Runtime's own optimized form of the integer graph,
 with the extension's ops in it (conversion/lookups.py and lookup_mean.py, conversion/depthwise.py,
 conversion/grouped_conv.py, conversion/narrow_op.py, conversion/max_pool.py,
-conversion/concat_lookup.py, conversion/gemv.py, conversion/pair_gemm.py).
+conversion/concat_lookup.py, conversion/gemv.py, conversion/pair_gemm.py; conversion/clamp_fold.py
+folds the byte clamps after them into their output step).
 
 The rewrites work on ORT's optimized form rather than on the graph it receives: there the
 integer convs already run channels-last with the transposes between them cancelled, and an op
@@ -20,6 +21,7 @@ from dataclasses import dataclass
 
 import onnx
 
+from torch_fl.bpu.conversion.clamp_fold import fold_clamps
 from torch_fl.bpu.conversion.concat_lookup import candidates as concat_candidates
 from torch_fl.bpu.conversion.concat_lookup import rewrite_concats
 from torch_fl.bpu.conversion.depthwise import candidates, rewrite_depthwise
@@ -66,6 +68,8 @@ class SessionGraph:
     """One-row 8-bit GEMMs now the extension's Gemv op."""
     pair_gemms: int = 0
     """1x1 int8 convs and 8-bit GEMMs with uint8 weights now the extension's PairGemm op."""
+    clamps: int = 0
+    """Byte clamps (among `lookups`) folded into the output step of the op they read."""
 
 
 def session_graph(
@@ -125,6 +129,8 @@ def session_graph(
     n_gemv = rewrite_gemv(optimized, rows) if want_gemv else 0
     # after the narrow and one-row ops, which take their convs and GEMMs first
     n_pairs = rewrite_pair_gemm(optimized, rows=rows) if want_pairs else 0
+    # last: the clamps that read the ops above
+    n_clamps = fold_clamps(optimized) if n_lookups and (n_depthwise or n_grouped or n_pairs) else 0
     changed = (
         n_lookups or n_depthwise or n_grouped or n_narrow or n_pools or n_concats or n_gemv
         or n_pairs
@@ -136,5 +142,5 @@ def session_graph(
     data = optimized.SerializeToString() if changed else None
     return SessionGraph(
         data, n_lookups, n_depthwise, n_narrow, n_means, n_grouped, n_pools, n_concats, n_gemv,
-        n_pairs,
+        n_pairs, n_clamps,
     )  # fmt: skip

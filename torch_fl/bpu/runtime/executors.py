@@ -205,6 +205,9 @@ class SimExecutor:
         """How many 1x1 int8 convs and GEMMs the session runs on the extension's PairGemm op."""
         self.lookup_means = 0
         """How many of the lookups run with the mean over them as one op."""
+        self.folded_clamps = 0
+        """How many of the lookups (byte clamps) run inside the output step of the op they
+        read (conversion/clamp_fold.py)."""
         self.float_narrow = True
         """Whether the fused graph has the narrow convs' float form (not where the op takes
         them)."""
@@ -261,7 +264,7 @@ class SimExecutor:
     def _no_extension_ops(self) -> None:
         """The session runs none of the extension's ops: every count `_rewritten` adds is 0."""
         self.lookups = self.depthwise = self.grouped = self.narrow_ops = self.pools = 0
-        self.lookup_means = self.concats = self.gemv = self.pair_gemms = 0
+        self.lookup_means = self.concats = self.gemv = self.pair_gemms = self.folded_clamps = 0
 
     def _rewritten(self) -> int:
         """How many of the fused graph's nodes run on the extension's ops."""
@@ -296,7 +299,7 @@ class SimExecutor:
                 self.narrow_ops, self.lookup_means = graph.narrow, graph.means
                 self.grouped, self.pools = graph.grouped, graph.pools
                 self.concats, self.gemv = graph.concats, graph.gemv
-                self.pair_gemms = graph.pair_gemms
+                self.pair_gemms, self.folded_clamps = graph.pair_gemms, graph.clamps
                 self._open_session(graph.data, fused=True)
         except Exception as exc:  # noqa: BLE001  (any failure: ORT's own ops run the graph)
             self._no_extension_ops()

@@ -497,6 +497,7 @@ class PartitionRuntime(torch.nn.Module):
                 "lookup_means": getattr(inner, "lookup_means", 0),
                 "gemv": getattr(inner, "gemv", 0),
                 "pair_gemms": getattr(inner, "pair_gemms", 0),
+                "folded_clamps": getattr(inner, "folded_clamps", 0),
             }
             if kernels is not None
             else None
