@@ -25,7 +25,9 @@
 //     scale     [CO] float: the requantization scale
 //     geometry  [14] int64: KH, KW, stride h, w, pads top, left, bottom, right, dilation h, w,
 //               x zero point, y zero point, G, form (0: the fastest form here; 1: the plain
-//               loop, for tests that compare the two)
+//               loop, for tests that compare the two); or [16] with the least and greatest
+//               output byte before G (a clamp folded into the output step: ort_requant.h,
+//               conversion/clamp_fold.py)
 //     y         [N, OH, OW, CO] of x's type, CO a multiple of the group count
 // conversion/grouped_conv.py writes it where the CPU has AVX512-VNNI (`_narrow_kernel()`).
 #include "runtime/ort_kernel.h"
@@ -44,6 +46,7 @@ using namespace torch_fl::ort;
 
 struct Geometry {
   int64_t kh, kw, sh, sw, pt, pl, pb, pr, dh, dw, zp_x, zp_y, gw, form;
+  int64_t lo_q, hi_q;  // the output bytes' range (ort_requant.h)
   int64_t n, h, w, ci, co, co16, oh, ow, ogw;
   int64_t words() const { return gw / 4; }  // a group's input words
   // int8 weights of one block of 16 outputs: a block's weights lie together, so that its taps'
@@ -103,7 +106,8 @@ void row_portable(const uint8_t* band, const int8_t* w, const int32_t* corr, con
         }
       }
       out[ow * g.co + o] =
-          requantize<T>(static_cast<float>(static_cast<int32_t>(acc)), scale[o], g.zp_y);
+          requantize<T>(static_cast<float>(static_cast<int32_t>(acc)), scale[o], g.zp_y, g.lo_q,
+                        g.hi_q);
     }
   }
 }
@@ -174,7 +178,7 @@ template <class T, int R>
 TFL_VNNI void rows_vnni(const uint8_t* band, const int8_t* w, const int32_t* corr,
                         const float* scale, const Geometry& g, int64_t rows, T* out) {
   const int64_t wp = g.w + g.pl + g.pr, pixels = rows * g.ow;
-  const Requant<T> q(g.zp_y);
+  const Requant<T> q(g.zp_y, g.lo_q, g.hi_q);
   // kPermute: lane l reads word (l / G) * (G / 4) + m of the block's 4
   const __m512i lanes =
       R == kPermute
@@ -278,12 +282,16 @@ Status* compute(void* kernel, KernelContext* context) {
   TFL_ORT_TRY(read_input(context, 2, &corr, op));
   TFL_ORT_TRY(read_input(context, 3, &scale, op));
   TFL_ORT_TRY(read_input(context, 4, &geo, op));
-  if (geo.type != kInt64 || geo.count != 14) {
-    return fail(op, "geometry must be 14 int64 values");
+  const bool bounded = geo.count == 16;
+  if (geo.type != kInt64 || (geo.count != 14 && !bounded)) {
+    return fail(op, "geometry must be 14 int64 values, or 16 with the least and greatest output "
+                    "byte");
   }
   const int64_t* v = static_cast<const int64_t*>(geo.data);
-  Geometry g{v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7], v[8], v[9], v[10], v[11], v[12],
-             v[13], 0, 0, 0, 0, 0, 0, 0, 0, 0};
+  const int64_t lo = spec.type == kUint8 ? 0 : -128, hi = spec.type == kUint8 ? 255 : 127;
+  Geometry g{v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7], v[8], v[9], v[10], v[11],
+             v[geo.count - 2], v[geo.count - 1], bounded ? v[12] : lo, bounded ? v[13] : hi,
+             0, 0, 0, 0, 0, 0, 0, 0, 0};
   if (x.type != spec.type || x.dims.size() != 4) {
     return fail(op, std::string("x must be a 4-D [N, H, W, C] tensor of ") +
                         (spec.type == kUint8 ? "uint8" : "int8") + ", got " +
@@ -291,12 +299,12 @@ Status* compute(void* kernel, KernelContext* context) {
   }
   g.n = x.dims[0], g.h = x.dims[1], g.w = x.dims[2], g.ci = x.dims[3];
   g.co = static_cast<int64_t>(corr.count);
-  const int64_t lo = spec.type == kUint8 ? 0 : -128, hi = spec.type == kUint8 ? 255 : 127;
   if (g.kh < 1 || g.kw < 1 || g.sh < 1 || g.sw < 1 || g.dh < 1 || g.dw < 1 || g.pt < 0 ||
       g.pl < 0 || g.pb < 0 || g.pr < 0 || g.zp_x < lo || g.zp_x > hi || g.zp_y < lo ||
-      g.zp_y > hi || g.form < 0 || g.form > 1) {
+      g.zp_y > hi || g.form < 0 || g.form > 1 || g.lo_q < lo || g.hi_q > hi || g.lo_q > g.hi_q) {
     return fail(op, "geometry out of range (kernel, strides and dilations >= 1, pads >= 0, zero "
-                    "points in the 8-bit type's range, form 0 or 1)");
+                    "points in the 8-bit type's range, output bytes lo <= hi inside it, form 0 "
+                    "or 1)");
   }
   if (g.gw < 4 || g.gw % 4 != 0 || g.ci % g.gw != 0 || g.co == 0 ||
       g.co % (g.ci / g.gw) != 0) {

@@ -1,5 +1,5 @@
-"""A byte clamp after the extension's pair GEMM, depthwise and grouped conv ops folded into their
-output step (conversion/clamp_fold.py, csrc/runtime/ort_requant.h): in real sessions, the folded
+"""A byte clamp after the extension's pair GEMM, depthwise and grouped conv ops (both forms of
+grouped: float multiply-adds and VNNI byte dot products) folded into their output step (conversion/clamp_fold.py, csrc/runtime/ort_requant.h): in real sessions, the folded
 graph against ORT's own conv followed by the clamp lookup, byte for byte, in both of the ops'
 forms, for uint8 and int8, for clamps that cut one end, both ends or everything but one byte, a
 chain of two clamps; what stays (a table that is not a clamp, an output read twice or a graph
@@ -90,7 +90,31 @@ def _grouped_conv(rng, x_type):
     return model, shape, lambda m, form: rewrite_grouped(m, form=form, every_shape=True)
 
 
-OPS = {"pair GEMM": _pair_gemm, "depthwise": _depthwise, "grouped": _grouped_conv}
+def _grouped_dot(outputs: int, width: int):
+    """The dot op over 32 input channels in groups `width` wide, to `outputs` (its plain loop
+    where the CPU has no VNNI): 32 outputs of groups 8 wide have each block of 16 read its own
+    16 inputs (a permute), 64 outputs of groups 16 wide a broadcast word (ort_grouped_dot.cpp)."""
+
+    def make(rng, x_type):
+        shape = (2, 7, 9, 32)
+        zp = dict(zp_x=5, zp_y=-3) if x_type == TensorProto.INT8 else {}
+        model = _grouped(rng, shape, outputs, width, x_type=x_type, **zp)
+        return (
+            model,
+            shape,
+            lambda m, form: rewrite_grouped(m, form=form, every_shape=True, dot=True, floats=False),
+        )
+
+    return make
+
+
+OPS = {
+    "pair GEMM": _pair_gemm,
+    "depthwise": _depthwise,
+    "grouped": _grouped_conv,
+    "grouped dot, permuted words": _grouped_dot(32, 8),
+    "grouped dot, broadcast words": _grouped_dot(64, 16),
+}
 # (lo, hi) as the type's values: a ReLU's Max with the zero point, a ReLU6's Clip, one byte
 BOUNDS = {
     TensorProto.UINT8: [(100, 255), (100, 180), (0, 37), (90, 90)],
@@ -181,7 +205,7 @@ def test_clamp_of_reads_a_tables_bounds():
 )
 def test_the_ops_refuse_bad_bounds(bounds, problem):
     rng = np.random.default_rng(5)
-    for make in (_pair_gemm, _depthwise):
+    for make in (_pair_gemm, _depthwise, _grouped_dot(32, 8)):
         conv, shape, rewrite = make(rng, TensorProto.UINT8)
         _, folded, _ = _folded(_clamped(conv, TensorProto.UINT8, (100, 200)), rewrite, 1)
         geometry = next(i for i in folded.graph.initializer if i.name.endswith("/geometry"))
