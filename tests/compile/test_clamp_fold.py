@@ -1,8 +1,9 @@
-"""A byte clamp after the extension's pair GEMM, depthwise and grouped conv ops (both forms of
-grouped: float multiply-adds and VNNI byte dot products) folded into their output step (conversion/clamp_fold.py, csrc/runtime/ort_requant.h): in real sessions, the folded
-graph against ORT's own conv followed by the clamp lookup, byte for byte, in both of the ops'
+"""A byte clamp after the extension's pair GEMM, depthwise and grouped conv ops (both grouped
+ops: float multiply-adds and VNNI byte dot products) folded into their output step
+(conversion/clamp_fold.py, csrc/runtime/ort_requant.h): in real sessions, the folded graph
+against ORT's own conv followed by the clamp lookup, byte for byte, in both of the ops'
 forms, for uint8 and int8, for clamps that cut one end, both ends or everything but one byte, a
-chain of two clamps; what stays (a table that is not a clamp, an output read twice or a graph
+chain of three clamps; what stays (a table that is not a clamp, an output read twice or a graph
 output); the ops' refusal of bad bounds; and a compiled model, unchanged by the fold, whose
 explain() counts it."""
 
