@@ -1,4 +1,5 @@
-// 8-bit matrix-vector products (a QGemm whose A is one row: a classifier at batch 1) on
+// 8-bit matrix-vector products (a QGemm whose A is one row: a classifier at batch 1; a 1x1
+// QLinearConv over one pixel: a squeeze-excitation block's at batch 1) on
 // AVX512-VNNI's byte dot products, split over the session's threads by output columns, for the
 // sim executor's ONNX Runtime sessions; bit-equal to ONNX Runtime's own QGemm.
 //
@@ -13,11 +14,14 @@
 // corr = C - zp_a * sum_k(w) is formed once by conversion/gemv.py; then ONNX Runtime's output
 // step: float(acc) times the column's scale, the scale formed as QGemm forms it (alpha * a_scale
 // * b_scale[, / y_scale] in float32, in that order), and for an 8-bit y MLAS's requantization
-// (ort_requant.h).
+// (ort_requant.h), its float clamped to the least and greatest output byte where the geometry
+// names them (a byte clamp after the op folded in: conversion/clamp_fold.py).
 //
 // Ops, in domain "torch_fl.bpu", named by a's 8-bit type and whether y is float:
 //   Gemv<U8|I8>[F](a, weights, corr, scale, geometry) -> y
-//     a         [M, K] uint8 / int8 (int8 bytes are shifted into uint8, v + 128: corr counts it)
+//     a         [..., K] uint8 / int8, M rows (the product of the leading dimensions: a
+//               QGemm's [M, K], a channels-last conv's [N, H, W, K]; int8 bytes are shifted
+//               into uint8, v + 128: corr counts it)
 //     weights   [N16 / 16, K4 / 4, 16, 4] int8: w (QGemm's B, zero point 0), by block of 16
 //               output columns (N16: N padded with zeros to a multiple of 16), then input word of
 //               4 (K4: K padded with zeros to a multiple of 4), then the block's 16 columns, then
@@ -25,10 +29,11 @@
 //     corr      [N] int32: C - zp * sum_k w (zp: a's zero point, plus 128 for int8 a)
 //     scale     [N] float: the output scale of each column
 //     geometry  [3] int64: K, y's zero point (unused for float y), form (0: the fastest form
-//               here; 1: the plain loop, for tests that compare the two)
-//     y         [M, N] float (the F ops), else of a's type
+//               here; 1: the plain loop, for tests that compare the two); or [5]: K, y's zero
+//               point, the least and greatest output byte, form (8-bit y only)
+//     y         [..., N] (a's leading dimensions, then N) float (the F ops), else of a's type
 // conversion/gemv.py writes them where the CPU has AVX512-VNNI (`_narrow_kernel()`), for
-// QGemms whose A has one row.
+// QGemms whose A has one row and 1x1 QLinearConvs over one pixel.
 #include "runtime/ort_gemv.h"
 
 #include "runtime/ort_kernel.h"
@@ -50,6 +55,7 @@ std::atomic<uint64_t> g_pieces{0};
 
 struct Geometry {
   int64_t m, k, n, zp_y, form;
+  int64_t lo_q, hi_q;  // the output bytes' range (ort_requant.h)
   int64_t words() const { return (k + 3) / 4; }  // K4 / 4
   int64_t blocks() const { return (n + 15) / 16; }
   int64_t block_bytes() const { return words() * 64; }
@@ -91,7 +97,7 @@ void blocks_portable(const uint8_t* a, const int8_t* w, const int32_t* corr, con
       if constexpr (std::is_same<Y, float>::value) {
         y[col] = value * scale[col];
       } else {
-        y[col] = requantize<Y>(value, scale[col], g.zp_y);
+        y[col] = requantize<Y>(value, scale[col], g.zp_y, g.lo_q, g.hi_q);
       }
     }
   }
@@ -129,7 +135,7 @@ TFL_VNNI inline void blocks_tile(const uint8_t* a, const int8_t* w, const int32_
     if constexpr (std::is_same<Y, float>::value) {
       _mm512_mask_storeu_ps(y + col, m, _mm512_mul_ps(value, s));
     } else {
-      store16(value, s, Requant<Y>(g.zp_y), m, y + col);
+      store16(value, s, Requant<Y>(g.zp_y, g.lo_q, g.hi_q), m, y + col);
     }
   }
 }
@@ -190,22 +196,28 @@ Status* compute(void* kernel, KernelContext* context) {
   TFL_ORT_TRY(read_input(context, 2, &corr, op));
   TFL_ORT_TRY(read_input(context, 3, &scale, op));
   TFL_ORT_TRY(read_input(context, 4, &geo, op));
-  if (geo.type != kInt64 || geo.count != 3) {
-    return fail(op, "geometry must be 3 int64 values (K, y zero point, form)");
+  if (geo.type != kInt64 || (geo.count != 3 && geo.count != 5)) {
+    return fail(op, "geometry must be 3 int64 values (K, y's zero point, form) or 5 (K, y's zero "
+                    "point, least and greatest output byte, form)");
   }
   const int64_t* v = static_cast<const int64_t*>(geo.data);
-  Geometry g{0, v[0], static_cast<int64_t>(corr.count), v[1], v[2]};
-  if (a.type != spec.type || a.dims.size() != 2 || a.dims[1] != g.k) {
-    return fail(op, std::string("a must be a 2-D [M, ") + std::to_string(g.k) + "] tensor of " +
-                        (spec.type == kUint8 ? "uint8" : "int8") + ", got " +
-                        shape_text(a.dims) + " of ONNX element type " + std::to_string(a.type));
+  const bool bounded = geo.count == 5;
+  Geometry g{0, v[0], static_cast<int64_t>(corr.count), v[1], v[geo.count - 1], 0, 0};
+  if (a.type != spec.type || a.dims.empty() || a.dims.back() != g.k) {
+    return fail(op, std::string("a must be a tensor of ") +
+                        (spec.type == kUint8 ? "uint8" : "int8") + " whose last dimension is K = " +
+                        std::to_string(g.k) + ", got " + shape_text(a.dims) +
+                        " of ONNX element type " + std::to_string(a.type));
   }
-  g.m = a.dims[0];
   const int64_t lo = spec.type == kUint8 ? 0 : -128, hi = spec.type == kUint8 ? 255 : 127;
+  const bool float_out = spec.out_type == kFloat;
+  g.lo_q = bounded ? v[2] : lo, g.hi_q = bounded ? v[3] : hi;
   if (g.k < 1 || g.n < 1 || g.form < 0 || g.form > 1 ||
-      (spec.out_type != kFloat && (g.zp_y < lo || g.zp_y > hi))) {
+      (!float_out && (g.zp_y < lo || g.zp_y > hi)) || g.lo_q < lo || g.hi_q > hi ||
+      g.lo_q > g.hi_q || (bounded && float_out)) {
     return fail(op, "geometry out of range (K >= 1, one or more columns, form 0 or 1, y's zero "
-                    "point in the 8-bit type's range)");
+                    "point in the 8-bit type's range, output bytes lo <= hi inside it, for an "
+                    "8-bit y only)");
   }
   const size_t weights = static_cast<size_t>(g.blocks() * g.block_bytes());
   if (w.type != kInt8 || w.count != weights) {
@@ -219,8 +231,11 @@ Status* compute(void* kernel, KernelContext* context) {
   if (scale.type != kFloat || scale.count != static_cast<size_t>(g.n)) {
     return fail(op, "scale must be " + std::to_string(g.n) + " floats");
   }
+  std::vector<int64_t> dims = a.dims;
+  dims.back() = g.n;
+  g.m = static_cast<int64_t>(a.count) / g.k;
   void* out = nullptr;
-  TFL_ORT_TRY(make_output(context, {g.m, g.n}, &out));
+  TFL_ORT_TRY(make_output(context, dims, &out));
   if (g.m == 0) {
     return nullptr;
   }

@@ -1,5 +1,5 @@
-"""A byte clamp after the extension's pair GEMM, depthwise and grouped conv ops (both grouped
-ops: float multiply-adds and VNNI byte dot products) folded into their output step
+"""A byte clamp after the extension's pair GEMM, one-row GEMM, depthwise and grouped conv ops
+(both grouped ops: float multiply-adds and VNNI byte dot products) folded into their output step
 (conversion/clamp_fold.py, csrc/runtime/ort_requant.h): in real sessions, the folded graph
 against ORT's own conv followed by the clamp lookup, byte for byte, in both of the ops'
 forms, for uint8 and int8, for clamps that cut one end, both ends or everything but one byte, a
@@ -26,6 +26,7 @@ from tests.support.sim_ops import (
 from torch_fl.bpu.conversion import session_graph as session_graph_module
 from torch_fl.bpu.conversion.clamp_fold import BOUNDS_AT, clamp_of, fold_clamps
 from torch_fl.bpu.conversion.depthwise import rewrite_depthwise
+from torch_fl.bpu.conversion.gemv import rewrite_gemv
 from torch_fl.bpu.conversion.grouped_conv import rewrite_grouped
 from torch_fl.bpu.conversion.lookups import DOMAIN
 from torch_fl.bpu.conversion.pair_gemm import rewrite_pair_gemm
@@ -77,6 +78,16 @@ def _pair_gemm(rng, x_type):
     return model, shape, lambda m, form: rewrite_pair_gemm(m, u8u8_only=False, form=form)
 
 
+def _one_pixel(rng, x_type):
+    """A 1x1 conv over one pixel (a squeeze-excitation block's at batch 1): the one-row op."""
+    shape = (1, 1, 1, 96)
+    quant = dict(pads=(0, 0, 0, 0))
+    if x_type == TensorProto.INT8:
+        quant.update(x_type=x_type, zp_x=3, zp_y=-7)
+    model = narrow_qlinearconv(rng, shape, 64, (1, 1), **quant)
+    return model, shape, lambda m, form: rewrite_gemv(m, {"conv": 1}, form=form)
+
+
 def _depthwise(rng, x_type):
     shape = (2, 9, 9, 24)
     zp = dict(zp_x=5, zp_y=-3) if x_type == TensorProto.INT8 else {}
@@ -111,6 +122,7 @@ def _grouped_dot(outputs: int, width: int):
 
 OPS = {
     "pair GEMM": _pair_gemm,
+    "one-row GEMM": _one_pixel,
     "depthwise": _depthwise,
     "grouped": _grouped_conv,
     "grouped dot, permuted words": _grouped_dot(32, 8),
@@ -206,7 +218,7 @@ def test_clamp_of_reads_a_tables_bounds():
 )
 def test_the_ops_refuse_bad_bounds(bounds, problem):
     rng = np.random.default_rng(5)
-    for make in (_pair_gemm, _depthwise, _grouped_dot(32, 8)):
+    for make in (_pair_gemm, _depthwise, _grouped_dot(32, 8), _one_pixel):
         conv, shape, rewrite = make(rng, TensorProto.UINT8)
         _, folded, _ = _folded(_clamped(conv, TensorProto.UINT8, (100, 200)), rewrite, 1)
         geometry = next(i for i in folded.graph.initializer if i.name.endswith("/geometry"))

@@ -2,7 +2,9 @@
 Runtime's own QGemm, byte for byte or float for float, in real sessions: a's type and zero
 point, float or 8-bit y, y's zero point, alpha, B transposed or not, per-tensor and per-column
 scales, bias or none, sizes off the op's blocks, 1 and 2 threads, the VNNI form and the plain
-loop; then the rewrite's limits, its errors and a compiled model."""
+loop; the same for 1x1 QLinearConvs over one pixel (a squeeze-excitation block's at batch 1)
+against ORT's QLinearConv; then the rewrite's limits, its errors, the row counts it reads from
+the integer graph, and compiled models."""
 
 from __future__ import annotations
 
@@ -15,10 +17,23 @@ import torch
 from onnx import TensorProto, helper, numpy_helper
 from torch import nn
 
-from tests.support.sim_ops import op_session, qgemm, random_input
+from tests.support.sim_ops import (
+    exact_reference,
+    narrow_qlinearconv,
+    op_session,
+    qgemm,
+    random_input,
+)
 from torch_fl import _C
 from torch_fl.bpu.conversion import session_graph as session_graph_module
-from torch_fl.bpu.conversion.gemv import OPS, candidates, gemm_rows, pack_weights, rewrite_gemv
+from torch_fl.bpu.conversion.gemv import (
+    OPS,
+    candidates,
+    gemm_rows,
+    pack_weights,
+    rewrite_gemv,
+    rows_of,
+)
 from torch_fl.bpu.conversion.inferred_shapes import InferredShapes, inferred_shapes
 from torch_fl.bpu.runtime import sim_kernels
 
@@ -99,6 +114,121 @@ def test_more_rows_than_one_give_qgemms_numbers():
     x = random_input(rng, (5, 64), TensorProto.UINT8)
     expected, got, _ = _both(model, x)
     np.testing.assert_array_equal(got, expected)
+
+
+CONV_QUANT = [
+    dict(),
+    dict(zp_x=0, zp_y=255, per_channel=False),
+    dict(bias=False, zp_y=3),
+    dict(w_type=TensorProto.UINT8),  # uint8 weights with zero point 128: int8 taps
+    dict(x_type=TensorProto.INT8, zp_x=0, zp_y=-128),
+    dict(x_type=TensorProto.INT8, zp_x=-40, zp_y=17, bias_scale=2_000_000),
+]
+
+
+def _one_pixel_conv(rng, channels: int, outputs: int, **quant) -> onnx.ModelProto:
+    return narrow_qlinearconv(rng, (1, 1, 1, channels), outputs, (1, 1), pads=(0, 0, 0, 0), **quant)
+
+
+@pytest.mark.parametrize("form", [0, 1], ids=["fastest", "portable"])
+@pytest.mark.parametrize(
+    "quant", CONV_QUANT, ids=lambda q: ",".join(f"{k}={v}" for k, v in q.items()) or "default"
+)
+@pytest.mark.parametrize("size", [(576, 144), (16, 8), (72, 288), (37, 33)], ids=str)
+def test_op_is_a_one_pixel_qlinearconv_byte_for_byte(size, quant, form):
+    """The conv's [1, 1, 1, K] input as the op's one row: its bytes and shape are ORT's
+    QLinearConv's (its u8u8 form where this CPU's u8s8 kernels saturate: `exact_reference`)."""
+    k, n = size
+    rng = np.random.default_rng(k * 7 + n)
+    model = _one_pixel_conv(rng, k, n, **quant)
+    x_type = quant.get("x_type", TensorProto.UINT8)
+    rewritten = onnx.ModelProto()
+    rewritten.CopyFrom(model)
+    assert rewrite_gemv(rewritten, {"conv": 1}, form=form) == 1
+    assert [n.op_type for n in rewritten.graph.node] == [OPS[(x_type, False)]]
+    seen = set()
+    for seed in range(4):
+        x = random_input(np.random.default_rng(seed), (1, 1, 1, k), x_type)
+        expected = op_session(exact_reference(model)).run(None, {"x": x})[0]
+        for threads in (1, 2):
+            got = op_session(rewritten, threads).run(None, {"x": x})[0]
+            assert got.dtype == expected.dtype and got.shape == expected.shape == (1, 1, 1, n)
+            assert got.tobytes() == expected.tobytes(), (seed, threads)
+        seen.update(np.unique(expected).tolist())
+    if n >= 33 and "bias_scale" not in quant:  # large biases saturate most outputs
+        assert len(seen) > 10  # not trivially saturated
+
+
+def test_a_conv_over_many_pixels_keeps_its_shape_and_numbers():
+    """The rewrite takes one pixel only, but the op reads every leading dimension as rows and
+    gives them back (a graph whose batch or image changed under it must not go wrong)."""
+    rng = np.random.default_rng(8)
+    shape = (2, 3, 5, 40)
+    model = narrow_qlinearconv(rng, shape, 24, (1, 1), pads=(0, 0, 0, 0))
+    rewritten = onnx.ModelProto()
+    rewritten.CopyFrom(model)
+    assert rewrite_gemv(rewritten, {"conv": 1}) == 1
+    x = random_input(rng, shape, TensorProto.UINT8)
+    expected = op_session(exact_reference(model)).run(None, {"x": x})[0]
+    got = op_session(rewritten).run(None, {"x": x})[0]
+    assert got.shape == expected.shape == (2, 3, 5, 24)
+    np.testing.assert_array_equal(got, expected)
+
+
+def test_convs_the_op_does_not_take_stay_onnx_runtimes():
+    rng = np.random.default_rng(9)
+
+    def conv(**kw):
+        kernel = kw.pop("kernel", (1, 1))
+        return narrow_qlinearconv(rng, (1, 3, 3, 16), 8, kernel, **{"pads": (0, 0, 0, 0), **kw})
+
+    assert rewrite_gemv(conv(), {}) == 0  # no row count known
+    assert rewrite_gemv(conv(), {"conv": 9}) == 0  # 9 pixels
+    assert rewrite_gemv(conv(kernel=(3, 3), pads=(1, 1, 1, 1)), {"conv": 1}) == 0
+    assert rewrite_gemv(conv(strides=(2, 2)), {"conv": 1}) == 0
+    assert rewrite_gemv(conv(pads=(1, 1, 1, 1)), {"conv": 1}) == 0
+    # taps outside int8: uint8 weights whose zero point is 0
+    model = conv(w_type=TensorProto.UINT8)
+    zero = _initializer(model, "wz")
+    zero.CopyFrom(numpy_helper.from_array(np.zeros(8, np.uint8), "wz"))
+    assert rewrite_gemv(model, {"conv": 1}) == 0
+    # two groups
+    model = narrow_qlinearconv(rng, (1, 1, 1, 16), 8, (1, 1), pads=(0, 0, 0, 0))
+    w = _initializer(model, "w")
+    w.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(w)[:, :8].copy(), "w"))
+    model.graph.node[0].attribute.append(helper.make_attribute("group", 2))
+    assert rewrite_gemv(model, {"conv": 1}) == 0
+    assert [n.op_type for n in model.graph.node] == ["QLinearConv"]
+
+
+def test_gemm_rows_counts_a_pointwise_convs_pixels_and_finds_ors_layout_names():
+    """A 1x1 Conv's rows are its output's pixels, batch included; a 3x3 one has none; ORT's
+    layout pass names the channels-last QLinearConv `<name>_token_<n>`."""
+    inits = [
+        numpy_helper.from_array(np.zeros((8, 4, 1, 1), np.float32), "w1"),
+        numpy_helper.from_array(np.zeros((8, 8, 3, 3), np.float32), "w3"),
+        numpy_helper.from_array(np.array([2, 3], np.int64), "axes"),
+    ]
+    nodes = [
+        helper.make_node("Conv", ["x", "w1"], ["a"], name="/pw"),
+        helper.make_node("Conv", ["a", "w3"], ["b"], name="/k3", pads=[1, 1, 1, 1]),
+        helper.make_node("ReduceMean", ["b", "axes"], ["m"], keepdims=1),
+    ]
+    nodes.append(helper.make_node("Conv", ["m", "w1_se"], ["s"], name="/se"))
+    inits.append(numpy_helper.from_array(np.zeros((6, 8, 1, 1), np.float32), "w1_se"))
+    graph = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4, 5, 3])],
+        [helper.make_tensor_value_info("s", TensorProto.FLOAT, None)], inits,
+    )  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    rows = gemm_rows(model)
+    assert rows == {"/pw": 30, "/se": 2}  # 2 x 5 x 3 pixels; the mean over H, W: 1 a batch item
+    assert candidates(rows) == 0
+    optimized = helper.make_node("QLinearConv", ["x"], ["y"], name="/se_token_17")
+    assert rows_of(optimized, {"/se": 1}) == 1
+    assert rows_of(optimized, {}) is None
+    # only a conv's name is derived; a QGemm keeps its own
+    assert rows_of(helper.make_node("QGemm", ["x"], ["y"], name="/se_token_17"), {"/se": 1}) is None
 
 
 def _initializer(model: onnx.ModelProto, name: str) -> onnx.TensorProto:
@@ -227,6 +357,72 @@ def test_compiled_classifier_at_batch_1_runs_its_gemms_on_the_op(monkeypatch):
     assert len(lines[True]) == (1 if vnni else 0) and not lines[False]
     for a, b in zip(outs[True], outs[False], strict=True):
         assert torch.equal(a, b)
+
+
+class _SqueezeExcite(nn.Module):
+    """A conv, then a squeeze-excitation block (the channel means, a 1x1 conv down, ReLU, a 1x1
+    conv up, hard sigmoid, the product), as MobileNetV3's."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 32, 3, stride=2, padding=1)
+        self.down = nn.Conv2d(32, 8, 1)
+        self.up = nn.Conv2d(8, 32, 1)
+        self.head = nn.Conv2d(32, 16, 1)
+
+    def forward(self, x):
+        x = torch.relu(self.conv(x))
+        scale = nn.functional.hardsigmoid(self.up(torch.relu(self.down(x.mean((2, 3), True)))))
+        return self.head(x * scale)
+
+
+def test_compiled_squeeze_excitation_at_batch_1_runs_its_convs_on_the_op(monkeypatch):
+    """At batch 1 the block's two 1x1 convs see one pixel: where the CPU has AVX512-VNNI they
+    run on the Gemv op and the ReLU between them folds into the first one's output step; at
+    batch 2 they stay ORT's. The outputs are those of the same compile with the convs left to
+    ORT, bit for bit."""
+    from torch_fl import bpu
+    from torch_fl.bpu import report
+    from torch_fl.bpu.conversion import gemv
+
+    torch.manual_seed(0)
+    model = _SqueezeExcite().eval()
+    vnni = _C._gemv_kernel() == "vnni" and _C._narrow_kernel() == "vnni"
+    for batch in (1, 2):
+        samples = [torch.randn(batch, 3, 16, 16) for _ in range(3)]
+        x = torch.randn(batch, 3, 16, 16)
+        outs, counts = {}, {}
+        for rewrite in (True, False):
+            if not rewrite:  # the Gemms' rows only: the convs stay ORT's
+                rows = gemv.gemm_rows
+                monkeypatch.setattr(
+                    session_graph_module,
+                    "gemm_rows",
+                    lambda m, rows=rows: {k: v for k, v in rows(m).items() if "Conv" not in k},
+                )
+            torch._dynamo.reset()
+            compiled = torch.compile(
+                model, backend="bpu", options={"executor": "sim", "cache": False}
+            )
+            with report.collect() as reps, warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                bpu.calibrate(compiled, samples)
+                with torch.no_grad():
+                    outs[rewrite] = [compiled(x * scale) for scale in (1.0, 3.0, 0.2)]
+            runtimes = [r for g in reps for r in g.runtimes if r.kind == "sim"]
+            if runtimes[0]._exec.kernels.path == "float":
+                pytest.skip("no fused kernel path on this CPU: no QLinearConv to replace")
+            counts[rewrite] = (
+                sum(r._exec.gemv for r in runtimes),
+                sum(r._exec.folded_clamps for r in runtimes),
+            )
+            monkeypatch.undo()
+        gemvs = 2 if vnni and batch == 1 else 0
+        assert counts[True][0] == gemvs and counts[False][0] == 0, (batch, counts)
+        if gemvs:
+            assert counts[True][1] == counts[False][1] + 1  # the ReLU after the first conv
+        for a, b in zip(outs[True], outs[False], strict=True):
+            assert torch.equal(a, b)
 
 
 def _requant(acc: np.ndarray, scale: np.float32, zp: int) -> np.ndarray:

@@ -3,10 +3,11 @@
 `conversion/integer_form.py` moves a ReLU (ReLU6) after its quantization, where it is a Max with
 the zero point (a Clip), and `conversion/lookups.py` makes that a `LookupU8` / `LookupI8` whose
 table clamps its byte. Where the clamp reads one of the extension's ops (the pair GEMM op's 1x1
-convs, the depthwise and both grouped conv ops), it was a node of its own: a dispatch and a pass
-over the op's output, 20 of MobileNetV3-Small's 24 byte lookups on an AVX2 host (18 after
-PairGemm, 2 after DepthwiseConv), 16 of RegNetY-400MF's 80 on an AVX512-VNNI one (after
-GroupedDotConv). Those ops requantize each output as ORT's QLinearConv does: the float clamped
+convs, the depthwise and both grouped conv ops, the one-row GEMM op's convs over one pixel), it
+was a node of its own: a dispatch and a pass over the op's output, 20 of MobileNetV3-Small's 24
+byte lookups on an AVX2 host (18 after PairGemm, 2 after DepthwiseConv), 16 of RegNetY-400MF's
+80 on an AVX512-VNNI one (after GroupedDotConv), MobileNetV3-Small's 9 squeeze-excitation ReLUs
+at batch 1 on such a host (after Gemv). Those ops requantize each output as ORT's QLinearConv does: the float clamped
 to the type's range less the zero point, rounded, plus the zero point. Rounding is monotone and
 the clamp's bounds are integers, so clamping the byte afterwards gives what clamping the float to
 the clamp's bounds less the zero point gives: the op's geometry takes the least and greatest
@@ -34,6 +35,8 @@ BOUNDS_AT = {
     "GroupedConvI8": (TensorProto.INT8, 14, 12),
     "GroupedDotConvU8": (TensorProto.UINT8, 14, 12),
     "GroupedDotConvI8": (TensorProto.INT8, 14, 12),
+    "GemvU8": (TensorProto.UINT8, 3, 2),
+    "GemvI8": (TensorProto.INT8, 3, 2),
 }
 """Ops that take output bounds: (their 8-bit type, the geometry's length without bounds, where
 the two bounds go in it: before the form, before a grouped conv's G)."""

@@ -1,4 +1,5 @@
-"""One-row 8-bit GEMMs of ONNX Runtime's optimized sim graph as the extension's Gemv op.
+"""One-row 8-bit GEMMs of ONNX Runtime's optimized sim graph as the extension's Gemv op: QGemms
+whose A is one row and 1x1 QLinearConvs over one pixel.
 
 ORT fuses each DQ -> Gemm -> Q of an integer graph into a `com.microsoft` QGemm. Where A has
 one row (a classifier at batch 1) its kernel runs the product on one thread, and the time is
@@ -10,15 +11,27 @@ output columns, then QGemm's own output step. The result is QGemm's byte for byt
 float (tests/compile/test_gemv.py holds them equal over types, zero points, alpha, transposes,
 bias or none and float or 8-bit outputs).
 
-Which QGemms: A's row count is read from the integer graph's shapes (`gemm_rows`, by node
-name, which ORT's fusion keeps), and only a known single row qualifies: the op runs a row at a
-time, and a GEMM of many rows is ORT's kernel's job. B, its scales and zero points, C and the
-output's scale and zero point must be constants, B int8 with zero point 0 (the sim's weights
-are symmetric), A not transposed, and every partial sum inside int32.
+A 1x1 conv of stride 1, no pads and one group over channels-last pixels is the same GEMM, its
+pixels the rows: a squeeze-excitation block's two convs over the mean of each channel have one
+pixel at batch 1, and ORT's QLinearConv spent 8 us on each of MobileNetV3-Small's 18 (a 2-vCPU
+EPYC with AVX512-VNNI, its profiler, 1 thread: 144 us, 9 % of the session), where their
+weights are a few KB. The op takes its input's leading dimensions as the rows and gives its
+output the same ones, so the conv's [N, 1, 1, K] becomes [N, 1, 1, N_out] as QLinearConv's
+would; its integer is QLinearConv's ((x - zp_x) * w + bias, exact in int32 on an exact u8s8
+host) and its output step the same requantization (ort_requant.h). A byte clamp after it
+folds into that step (conversion/clamp_fold.py).
+
+Which ones: the row count is read from the integer graph's shapes (`gemm_rows`, by node name:
+ORT's fusion keeps a Gemm's and its layout pass writes a conv's as `<name>_token_<n>`), and only
+a known single row qualifies: the op runs a row at a time, and a GEMM of many rows is ORT's
+kernel's job. Weights, their scales and zero points, C (a conv's bias) and the output's scale
+and zero point must be constants, the weights int8 less their zero point (the sim's weights are
+symmetric), A not transposed, and every partial sum inside int32.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 import numpy as np
@@ -27,7 +40,7 @@ from onnx import TensorProto, helper
 
 from torch_fl.bpu.conversion.depthwise import replace_convs
 from torch_fl.bpu.conversion.inferred_shapes import InferredShapes, inferred_shapes
-from torch_fl.bpu.conversion.qlinear_conv import RANGE, constant
+from torch_fl.bpu.conversion.qlinear_conv import RANGE, constant, conv_parts
 
 __all__ = [
     "OPS",
@@ -37,6 +50,7 @@ __all__ = [
     "gemm_rows",
     "pack_weights",
     "rewrite_gemv",
+    "rows_of",
 ]
 
 OPS = {
@@ -49,23 +63,52 @@ OPS = {
 INT32 = 2**31
 
 
+_LAYOUT_SUFFIX = re.compile(r"_token_\d+$")
+"""What ORT's layout pass appends to the name of a conv it writes channels-last."""
+
+
 def gemm_rows(model: onnx.ModelProto | InferredShapes) -> dict[str, int]:
-    """A's row count of each named Gemm of the integer graph `model` (before ORT's optimizer,
-    whose QGemm keeps the name), where shape inference knows A's shape in full."""
+    """A's row count of each named Gemm, and the pixel count of each named 1x1 Conv, of the
+    integer graph `model` (before ORT's optimizer: `rows_of` finds them by the names of its
+    nodes), where shape inference knows the shapes in full."""
     shapes = inferred_shapes(model)
     if shapes.graph is None:
         return {}
     rows = {}
+    # a conv's weights: through a DequantizeLinear (inferred) or a float initializer
+    dims = {i.name: list(i.dims) for i in shapes.graph.initializer} | shapes.dims
     for node in shapes.graph.node:
-        shape = shapes.dims.get(node.input[0]) if node.input else None
-        if node.op_type == "Gemm" and node.name and shape is not None and len(shape) == 2:
+        if not node.name or len(node.input) < 2:
+            continue
+        shape = dims.get(node.input[0])
+        if node.op_type == "Gemm" and shape is not None and len(shape) == 2:
             trans_a = next((a.i for a in node.attribute if a.name == "transA"), 0)
             rows[node.name] = shape[1] if trans_a else shape[0]
+        elif node.op_type == "Conv" and _is_pointwise(dims.get(node.input[1])):
+            out = shapes.dims.get(node.output[0])
+            if out is not None and len(out) == 4 and all(d > 0 for d in out):
+                rows[node.name] = out[0] * out[2] * out[3]
     return rows
 
 
+def _is_pointwise(weights: list[int] | None) -> bool:
+    return weights is not None and len(weights) == 4 and weights[2:] == [1, 1]
+
+
+def rows_of(node: onnx.NodeProto, rows: dict[str, int]) -> int | None:
+    """The row count `gemm_rows` found for the node of ORT's optimized graph `node` (a QGemm by
+    its own name, a channels-last QLinearConv by the name its layout pass derived); None where
+    it has none."""
+    if node.name in rows:
+        return rows[node.name]
+    if node.op_type == "QLinearConv":
+        return rows.get(_LAYOUT_SUFFIX.sub("", node.name))
+    return None
+
+
 def candidates(rows: dict[str, int]) -> int:
-    """How many Gemms of `gemm_rows` have one row: `rewrite_gemv` decides each on ORT's graph."""
+    """How many Gemms and 1x1 Convs of `gemm_rows` have one row: `rewrite_gemv` decides each on
+    ORT's graph."""
     return sum(m == 1 for m in rows.values())
 
 
@@ -79,11 +122,11 @@ def pack_weights(b: np.ndarray) -> np.ndarray:
 
 
 def rewrite_gemv(model: onnx.ModelProto, rows: dict[str, int], form: int = 0) -> int:
-    """Replace, in place, each qualifying QGemm of ORT's optimized `model` whose A has one row
-    (by `rows`, from `gemm_rows`) with a Gemv op; returns how many. `form` 1 asks the op for its
-    plain loop (tests compare the forms)."""
+    """Replace, in place, each qualifying QGemm and 1x1 QLinearConv of ORT's optimized `model`
+    with one row (by `rows`, from `gemm_rows`) with a Gemv op; returns how many. `form` 1 asks
+    the op for its plain loop (tests compare the forms)."""
     return replace_convs(
-        model, lambda node, inits: _plan(node, inits) if rows.get(node.name) == 1 else None, form
+        model, lambda node, inits: _plan(node, inits) if rows_of(node, rows) == 1 else None, form
     )
 
 
@@ -169,24 +212,49 @@ def gemm_parts(node: onnx.NodeProto, inits: dict) -> GemmParts | None:
 
 
 def _plan(node: onnx.NodeProto, inits: dict) -> dict | None:
-    """The Gemv inputs for `node`, or None where it is not a QGemm with constant B (int8, zero
-    point 0), scales, zero points and C, an untransposed A, and partial sums inside int32."""
+    """The Gemv inputs for `node`, or None where it is neither a QGemm nor a 1x1 QLinearConv
+    that the op takes (see the module's doc)."""
+    if node.op_type == "QLinearConv":
+        return _conv_plan(node, inits)
     gemm = gemm_parts(node, inits)
     if gemm is None or not gemm.signed_weights:
         return None
-    k = gemm.weights.shape[0]
+    op = OPS[(gemm.a_type, gemm.float_out)]
+    return _inputs(gemm.weights, gemm.c, gemm.a_type, gemm.zp_a, gemm.scale, gemm.zp_y, op)
+
+
+def _conv_plan(node: onnx.NodeProto, inits: dict) -> dict | None:
+    """The inputs for a channels-last 1x1 QLinearConv of stride 1, no pads and one group whose
+    weights less their zero point are int8 values, or None."""
+    conv = conv_parts(node, inits)
+    if conv is None or conv.group != 1 or conv.kernel != (1, 1):
+        return None
+    if conv.strides != (1, 1) or any(conv.pads):
+        return None
+    weights = conv.taps[:, :, 0, 0].T  # [K, N]
+    if weights.size == 0 or weights.min() < -128 or weights.max() > 127:
+        return None
+    op = OPS[(conv.x_type, False)]
+    return _inputs(weights, conv.bias, conv.x_type, conv.zp_x, conv.scale, conv.zp_y, op)
+
+
+def _inputs(
+    w64: np.ndarray, c: np.ndarray, a_type: int, zp_a: int, scale: np.ndarray, zp_y: int, op: str
+) -> dict | None:
+    """replace_convs' inputs for [K, N] weights `w64` (int8 values), or None where a partial
+    sum could leave int32."""
+    k = w64.shape[0]
     # a's bytes as the op reads them: int8 shifted by 128, so its zero point shifts too
-    zp_a = gemm.zp_a + (128 if gemm.a_type == TensorProto.INT8 else 0)
-    w64 = gemm.weights
-    corr = gemm.c - zp_a * w64.sum(axis=0)
+    zp = zp_a + (128 if a_type == TensorProto.INT8 else 0)
+    corr = c - zp * w64.sum(axis=0)
     # every partial sum inside int32, as MLAS's accumulator: |corr| plus the widest products
     if int((np.abs(corr) + 255 * np.abs(w64).sum(axis=0)).max()) >= INT32:
         return None
     return {  # replace_convs' inputs: the op's corr in its "bias" slot
         "prefix": "gemv",
-        "op": OPS[(gemm.a_type, gemm.float_out)],
+        "op": op,
         "weights": pack_weights(w64.astype(np.int8)),
         "bias": corr.astype(np.int32),
-        "scale": gemm.scale,
-        "geometry": np.array([k, gemm.zp_y, 0], np.int64),
+        "scale": scale.astype(np.float32),
+        "geometry": np.array([k, zp_y, 0], np.int64),
     }

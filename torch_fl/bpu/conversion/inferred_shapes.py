@@ -33,7 +33,7 @@ def inferred_shapes(model: onnx.ModelProto | InferredShapes) -> InferredShapes:
     except Exception:  # noqa: BLE001  (no shapes: no pass that needs them takes a node)
         return InferredShapes(None)
     dims: dict[str, list[int]] = {}
-    for info in (*inferred.input, *inferred.value_info):
+    for info in (*inferred.input, *inferred.value_info, *inferred.output):
         tensor = info.type.tensor_type
         if tensor.HasField("shape") and all(d.HasField("dim_value") for d in tensor.shape.dim):
             dims[info.name] = [d.dim_value for d in tensor.shape.dim]

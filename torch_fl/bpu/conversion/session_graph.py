@@ -65,7 +65,7 @@ class SessionGraph:
     """8-bit concats now the extension's ConcatLookup op (the byte lookups only they read
     folded in: among `lookups`)."""
     gemv: int = 0
-    """One-row 8-bit GEMMs now the extension's Gemv op."""
+    """One-row 8-bit GEMMs and 1x1 convs over one pixel now the extension's Gemv op."""
     pair_gemms: int = 0
     """1x1 int8 convs and 8-bit GEMMs with uint8 weights now the extension's PairGemm op."""
     clamps: int = 0
@@ -92,7 +92,7 @@ def session_graph(
     `dot` (AVX512-VNNI) and that op takes them, its convs over few input channels (at most
     `narrow_outputs` outputs) as NarrowConv where `narrow`, its channels-first 8-bit max pools
     as MaxPool where `pools`, its 8-bit concats as ConcatLookup where `lookups`, and its one-row
-    8-bit GEMMs as Gemv where `dot`, and its 1x1 convs and GEMMs with uint8 weights (ORT's
+    8-bit GEMMs and 1x1 convs over one pixel as Gemv where `dot`, and its 1x1 convs and GEMMs with uint8 weights (ORT's
     u8u8 kernels) as PairGemm where `pair_gemm`. No ORT pass is spent where no rewrite has anything to
     replace."""
     want_lookups = lookups and has_chains(model)
@@ -105,9 +105,11 @@ def session_graph(
     # the integer graph's shapes, inferred once, and only for a pass that reads them
     shapes = functools.cache(lambda: inferred_shapes(model))
     has_gemms = any(node.op_type == "Gemm" for node in model.graph.node)
+    has_rows = has_gemms or any(node.op_type == "Conv" for node in model.graph.node)
     want_pairs = pair_gemm and pair_candidates(model) > 0
-    # A's rows: the one-row op takes single rows; the pair op leaves short GEMMs of large weights
-    rows = gemm_rows(shapes()) if (dot or want_pairs) and has_gemms else {}
+    # A's rows (a 1x1 conv's pixels): the one-row op takes single rows; the pair op leaves short
+    # GEMMs of large weights
+    rows = gemm_rows(shapes()) if (dot and has_rows) or (want_pairs and has_gemms) else {}
     want_gemv = dot and gemv_candidates(rows) > 0
     wanted = (
         want_lookups, want_depthwise, want_grouped, want_narrow, want_pools, want_concats,
@@ -130,7 +132,8 @@ def session_graph(
     # after the narrow and one-row ops, which take their convs and GEMMs first
     n_pairs = rewrite_pair_gemm(optimized, rows=rows) if want_pairs else 0
     # last: the clamps that read the ops above
-    n_clamps = fold_clamps(optimized) if n_lookups and (n_depthwise or n_grouped or n_pairs) else 0
+    folds = n_depthwise or n_grouped or n_pairs or n_gemv
+    n_clamps = fold_clamps(optimized) if n_lookups and folds else 0
     changed = (
         n_lookups or n_depthwise or n_grouped or n_narrow or n_pools or n_concats or n_gemv
         or n_pairs

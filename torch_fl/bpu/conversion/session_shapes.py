@@ -19,8 +19,8 @@ This pass computes what it can here, from the graph's inputs (ORT's optimized gr
 no shapes of its own for the tensors between) through quantize, dequantize, transpose, byte
 lookup and channels-last QLinearConv nodes to the NarrowConv ops they feed
 (the stem: each output channels-last, from the op's geometry), the DepthwiseConv and
-GroupedConv ops (channels-last, from the geometry and the bias's length) and the PairGemm ops
-(x's leading dimensions, then the correction's length), and declares those shapes; ORT infers
+GroupedConv ops (channels-last, from the geometry and the bias's length) and the PairGemm and
+Gemv ops (x's leading dimensions, then the correction's length), and declares those shapes; ORT infers
 the rest through its own ops. A shape it cannot compute is not declared (a wrong one would make
 ORT reuse a buffer of the wrong size: it checks and fails the run, or falls back to
 allocating). A byte lookup runs in place over its input's buffer only where ORT knows that
@@ -45,8 +45,10 @@ _U8, _I8, _F32 = onnx.TensorProto.UINT8, onnx.TensorProto.INT8, onnx.TensorProto
 _WINDOWED = {"DepthwiseConvU8": _U8, "DepthwiseConvI8": _I8, "GroupedConvU8": _U8,
              "GroupedConvI8": _I8}  # fmt: skip
 """Channels-last conv ops (csrc/runtime/ort_depthwise.cpp): x, weights, bias, scale, geometry."""
-_PAIR_GEMMS = {"PairGemmU8": _U8, "PairGemmI8": _I8, "PairGemmU8F": _F32, "PairGemmI8F": _F32}
-"""csrc/runtime/ort_pair_gemm.cpp: x [..., K], weights, corr [N], scale, geometry -> [..., N]."""
+_GEMMS = {"PairGemmU8": _U8, "PairGemmI8": _I8, "PairGemmU8F": _F32, "PairGemmI8F": _F32,
+               "GemvU8": _U8, "GemvI8": _I8, "GemvU8F": _F32, "GemvI8F": _F32}  # fmt: skip
+"""csrc/runtime/ort_pair_gemm.cpp and ort_gemv.cpp: x [..., K], weights, corr [N], scale,
+geometry -> [..., N]."""
 
 
 def _known(info: onnx.ValueInfoProto) -> list | None:
@@ -157,10 +159,10 @@ def declare_shapes(model: onnx.ModelProto) -> int:
             if geometry is not None:
                 out = _windowed_output(x, numpy_helper.to_array(geometry).tolist(), channels)
             types[node.output[0]] = _WINDOWED[node.op_type]
-        elif node.domain == DOMAIN and node.op_type in _PAIR_GEMMS and len(node.input) == 5:
+        elif node.domain == DOMAIN and node.op_type in _GEMMS and len(node.input) == 5:
             columns = _length(inits.get(node.input[2]))
             out = [*x[:-1], columns] if columns > 0 and len(x) >= 2 else None
-            types[node.output[0]] = _PAIR_GEMMS[node.op_type]
+            types[node.output[0]] = _GEMMS[node.op_type]
         if out is None:
             continue
         shapes[node.output[0]] = out
