@@ -129,8 +129,9 @@ def test_nothing_is_declared_where_the_shape_is_not_known_here():
 
 def test_depthwise_pair_gemm_and_qlinear_conv_outputs_are_declared_through_lookups():
     """From a known input through a byte lookup (x's shape), a channels-last QLinearConv
-    (stride 2: [1, 8, 8, 16] -> [1, 4, 4, 32]), a DepthwiseConv (5x5, pads 2, stride 1) and a
-    PairGemm (32 -> 24 columns): the extension's ops' outputs are declared, ORT's are not."""
+    (stride 2: [1, 8, 8, 16] -> [1, 4, 4, 32]), a DepthwiseConv (5x5, pads 2, stride 1), a
+    PairGemm (32 -> 24 columns) and a Gemv (24 -> 10 columns, x's leading dimensions kept): the
+    extension's ops' outputs are declared, ORT's are not."""
     u8 = TensorProto.UINT8
     inits = [
         numpy_helper.from_array(np.zeros([32, 16, 3, 3], np.int8), "w"),
@@ -138,6 +139,7 @@ def test_depthwise_pair_gemm_and_qlinear_conv_outputs_are_declared_through_looku
         numpy_helper.from_array(np.array([5, 5, 1, 1, 2, 2, 2, 2, 1, 1, 0, 0, 0], np.int64), "g"),
         numpy_helper.from_array(np.zeros([24], np.int32), "corr"),
         numpy_helper.from_array(np.array([32, 0, 0], np.int64), "pg"),
+        numpy_helper.from_array(np.zeros([10], np.int32), "gemv_corr"),
     ]
     q = ["s", "z", "w", "s", "z", "s", "z"]
     nodes = [
@@ -156,19 +158,20 @@ def test_depthwise_pair_gemm_and_qlinear_conv_outputs_are_declared_through_looku
             "DepthwiseConvU8", ["b", "dw_w", "dw_bias", "dw_s", "g"], ["c"], domain=DOMAIN
         ),  # fmt: skip
         helper.make_node("PairGemmU8", ["c", "pw", "corr", "ps", "pg"], ["d"], domain=DOMAIN),
+        helper.make_node("GemvU8", ["d", "gw", "gemv_corr", "gs", "gg"], ["e"], domain=DOMAIN),
     ]
     graph = helper.make_graph(
         nodes, "g", [helper.make_tensor_value_info("x", u8, [1, 8, 8, 16])],
-        [helper.make_tensor_value_info("d", u8, None)], inits,
+        [helper.make_tensor_value_info("e", u8, None)], inits,
     )  # fmt: skip
     model = helper.make_model(graph)
-    assert declare_shapes(model) == 1  # "d" is a graph output: declared there already
-    assert _declared(model, "c") == [1, 4, 4, 32]
+    assert declare_shapes(model) == 2  # "e" is a graph output: declared there already
+    assert _declared(model, "c") == [1, 4, 4, 32] and _declared(model, "d") == [1, 4, 4, 24]
     assert _declared(model, "a") is None and _declared(model, "b") is None
     del model.graph.output[:]
-    model.graph.output.append(helper.make_tensor_value_info("e", u8, None))
+    model.graph.output.append(helper.make_tensor_value_info("f", u8, None))
     assert declare_shapes(model) == 1
-    assert _declared(model, "d") == [1, 4, 4, 24]
+    assert _declared(model, "e") == [1, 4, 4, 10]
 
 
 class _ReluNet(torch.nn.Module):

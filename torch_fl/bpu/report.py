@@ -204,7 +204,8 @@ class Report:
              "AVX2 kernel, bit-equal to ONNX Runtime's (conversion/narrow_op.py)"),
             ("lookup_means", "sim lookup means", "float lookup{s} and the ReduceMean over each as "
              "one op, float for float (conversion/lookup_mean.py)"),
-            ("gemv", "sim one-row GEMMs", "one-row int8 GEMM{s} on the extension's VNNI kernel, "
+            ("gemv", "sim one-row GEMMs", "one-row int8 GEMM{s} (QGemms, 1x1 convs over one "
+             "pixel) on the extension's VNNI kernel, "
              "split over the session's threads, bit-equal to ONNX Runtime's (conversion/gemv.py)"),
             ("pair_gemms", "sim pair GEMMs", "1x1 int8 conv{s} or GEMM{s} with uint8 weights on "
              "the extension's exact AVX2 16-bit kernel, bit-equal to ONNX Runtime's u8u8 ones "

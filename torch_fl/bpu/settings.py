@@ -429,8 +429,10 @@ class BpuSettings:
         "extension's own ops: exact float multiply-adds over the integers, or AVX512-VNNI byte "
         "dot products into QLinearConv's own int32, then ORT's requantization, so the bytes are "
         "QLinearConv's (conversion/depthwise.py, grouped_conv.py). The depthwise ones where the "
-        "CPU has AVX-512 or AVX2, the grouped ones where it has AVX-512. Also each 8-bit GEMM of one row (a classifier at batch 1) on AVX512-VNNI byte "
-        "dot products split over the session's threads, QGemm's bytes (conversion/gemv.py), "
+        "CPU has AVX-512 or AVX2, the grouped ones where it has AVX-512. Also each 8-bit GEMM of "
+        "one row (a classifier at batch 1) and each 1x1 int8 conv over one pixel (a "
+        "squeeze-excitation block's at batch 1) on AVX512-VNNI byte dot products split over "
+        "the session's threads, QGemm's and QLinearConv's bytes (conversion/gemv.py), "
         "and each 8-bit max pool ONNX Runtime leaves channels-first (its generic loop) on the "
         "extension's pool op, on every CPU (conversion/max_pool.py). False: ONNX Runtime's "
         "QLinearConv, QGemm and MaxPool run them all.",
