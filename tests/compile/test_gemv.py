@@ -324,11 +324,30 @@ class _Classifier(nn.Module):
         return self.fc2(torch.relu(self.fc1(x)))
 
 
+def _compiled_runs(model: nn.Module, samples: list, x: torch.Tensor):
+    """`model` compiled with the sim and calibrated on `samples`: (its outputs for three scales
+    of `x`, the sim partitions' runtimes, the graph reports); skips where this CPU has no fused
+    kernel path (nothing for the op to replace)."""
+    from torch_fl import bpu
+    from torch_fl.bpu import report
+
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend="bpu", options={"executor": "sim", "cache": False})
+    with report.collect() as reps, warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        bpu.calibrate(compiled, samples)
+        with torch.no_grad():
+            outs = [compiled(x * scale) for scale in (1.0, 3.0, 0.2)]
+    runtimes = [r for g in reps for r in g.runtimes if r.kind == "sim"]
+    if runtimes[0]._exec.kernels.path == "float":
+        pytest.skip("no fused kernel path on this CPU: no QGemm or QLinearConv to replace")
+    return outs, runtimes, reps
+
+
 def test_compiled_classifier_at_batch_1_runs_its_gemms_on_the_op(monkeypatch):
     """A classifier at batch 1 compiled with the sim: where the CPU has AVX512-VNNI its two
     Linear layers run on the Gemv op (explain() says so), and its outputs are those of the same
     compile with the rewrite off, bit for bit."""
-    from torch_fl import bpu
     from torch_fl.bpu import report
 
     torch.manual_seed(0)
@@ -339,16 +358,7 @@ def test_compiled_classifier_at_batch_1_runs_its_gemms_on_the_op(monkeypatch):
     for rewrite in (True, False):
         if not rewrite:
             monkeypatch.setattr(session_graph_module, "gemm_rows", lambda m: {})
-        torch._dynamo.reset()
-        compiled = torch.compile(model, backend="bpu", options={"executor": "sim", "cache": False})
-        with report.collect() as reps, warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            bpu.calibrate(compiled, samples)
-            with torch.no_grad():
-                outs[rewrite] = [compiled(x * scale) for scale in (1.0, 3.0, 0.2)]
-        runtimes = [r for g in reps for r in g.runtimes if r.kind == "sim"]
-        if runtimes[0]._exec.kernels.path == "float":
-            pytest.skip("no fused kernel path on this CPU: no QGemm to replace")
+        outs[rewrite], runtimes, reps = _compiled_runs(model, samples, x)
         counts[rewrite] = sum(r._exec.gemv for r in runtimes)
         table = report.Report(reps).table().splitlines()
         lines[rewrite] = [ln for ln in table if ln.startswith("sim one-row GEMMs")]
@@ -381,8 +391,6 @@ def test_compiled_squeeze_excitation_at_batch_1_runs_its_convs_on_the_op(monkeyp
     run on the Gemv op and the ReLU between them folds into the first one's output step; at
     batch 2 they stay ORT's. The outputs are those of the same compile with the convs left to
     ORT, bit for bit."""
-    from torch_fl import bpu
-    from torch_fl.bpu import report
     from torch_fl.bpu.conversion import gemv
 
     torch.manual_seed(0)
@@ -400,18 +408,7 @@ def test_compiled_squeeze_excitation_at_batch_1_runs_its_convs_on_the_op(monkeyp
                     "gemm_rows",
                     lambda m, rows=rows: {k: v for k, v in rows(m).items() if "Conv" not in k},
                 )
-            torch._dynamo.reset()
-            compiled = torch.compile(
-                model, backend="bpu", options={"executor": "sim", "cache": False}
-            )
-            with report.collect() as reps, warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                bpu.calibrate(compiled, samples)
-                with torch.no_grad():
-                    outs[rewrite] = [compiled(x * scale) for scale in (1.0, 3.0, 0.2)]
-            runtimes = [r for g in reps for r in g.runtimes if r.kind == "sim"]
-            if runtimes[0]._exec.kernels.path == "float":
-                pytest.skip("no fused kernel path on this CPU: no QLinearConv to replace")
+            outs[rewrite], runtimes, _ = _compiled_runs(model, samples, x)
             counts[rewrite] = (
                 sum(r._exec.gemv for r in runtimes),
                 sum(r._exec.folded_clamps for r in runtimes),

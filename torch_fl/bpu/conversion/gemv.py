@@ -40,7 +40,7 @@ from onnx import TensorProto, helper
 
 from torch_fl.bpu.conversion.depthwise import replace_convs
 from torch_fl.bpu.conversion.inferred_shapes import InferredShapes, inferred_shapes
-from torch_fl.bpu.conversion.qlinear_conv import RANGE, constant, conv_parts
+from torch_fl.bpu.conversion.qlinear_conv import RANGE, constant, conv_parts, pointwise_weights
 
 __all__ = [
     "OPS",
@@ -227,12 +227,8 @@ def _conv_plan(node: onnx.NodeProto, inits: dict) -> dict | None:
     """The inputs for a channels-last 1x1 QLinearConv of stride 1, no pads and one group whose
     weights less their zero point are int8 values, or None."""
     conv = conv_parts(node, inits)
-    if conv is None or conv.group != 1 or conv.kernel != (1, 1):
-        return None
-    if conv.strides != (1, 1) or any(conv.pads):
-        return None
-    weights = conv.taps[:, :, 0, 0].T  # [K, N]
-    if weights.size == 0 or weights.min() < -128 or weights.max() > 127:
+    weights = pointwise_weights(conv) if conv is not None else None
+    if weights is None or weights.size == 0 or weights.min() < -128 or weights.max() > 127:
         return None
     op = OPS[(conv.x_type, False)]
     return _inputs(weights, conv.bias, conv.x_type, conv.zp_x, conv.scale, conv.zp_y, op)

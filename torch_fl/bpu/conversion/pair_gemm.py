@@ -37,7 +37,12 @@ from onnx import TensorProto
 
 from torch_fl.bpu.conversion.depthwise import replace_convs
 from torch_fl.bpu.conversion.gemv import INT32, gemm_parts
-from torch_fl.bpu.conversion.qlinear_conv import constant, conv_parts, integer_conv_weights
+from torch_fl.bpu.conversion.qlinear_conv import (
+    constant,
+    conv_parts,
+    integer_conv_weights,
+    pointwise_weights,
+)
 
 __all__ = [
     "LARGE_WEIGHTS",
@@ -140,11 +145,9 @@ def _conv_plan(node: onnx.NodeProto, inits: dict) -> dict | None:
     """The op's inputs for a channels-last 1x1 QLinearConv of stride 1, no pads and one group
     (a GEMM over its pixels), or None."""
     conv = conv_parts(node, inits)
-    if conv is None or conv.group != 1 or conv.kernel != (1, 1):
+    weights = pointwise_weights(conv) if conv is not None else None
+    if weights is None:
         return None
-    if conv.strides != (1, 1) or any(conv.pads):
-        return None
-    weights = conv.taps[:, :, 0, 0].T  # [K, N]
     zp = conv.zp_x + _X_SHIFT[conv.x_type]
     return _inputs(weights, conv.bias, zp, conv.scale, conv.zp_y, OPS[(conv.x_type, False)])
 

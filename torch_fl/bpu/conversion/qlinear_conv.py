@@ -18,7 +18,8 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 __all__ = [
-    "RANGE", "ConvParts", "constant", "conv_parts", "drop_unread", "integer_conv_weights"
+    "RANGE", "ConvParts", "constant", "conv_parts", "drop_unread", "integer_conv_weights",
+    "pointwise_weights",
 ]  # fmt: skip
 
 RANGE = {TensorProto.UINT8: (0, 255), TensorProto.INT8: (-128, 127)}
@@ -103,6 +104,14 @@ def conv_parts(node: onnx.NodeProto, inits: dict) -> ConvParts | None:
         dilations=(int(dilations[0]), int(dilations[1])),
         pads=(int(pads[0]), int(pads[1]), int(pads[2]), int(pads[3])),
     )
+
+
+def pointwise_weights(conv: ConvParts) -> np.ndarray | None:
+    """[K, N] int64 weights (less their zero point) where `conv` is a 1x1 conv of stride 1, no
+    pads and one group, a GEMM over its pixels (conversion/gemv.py, pair_gemm.py); else None."""
+    if conv.group != 1 or conv.kernel != (1, 1) or conv.strides != (1, 1) or any(conv.pads):
+        return None
+    return conv.taps[:, :, 0, 0].T
 
 
 def constant(inits: dict, name: str) -> np.ndarray | None:
