@@ -281,6 +281,17 @@ def test_bad_inputs_name_the_op_and_the_problem():
     weights.CopyFrom(numpy_helper.from_array(np.zeros(10, np.int8), weights.name))
     with pytest.raises(Exception, match="weights must be 512 int8 values"):
         op_session(model).run(None, {"x": random_input(rng, (1, 32), TensorProto.UINT8)})
+    # a whose last dimension is not the geometry's K; output bounds on a float y
+    for values, problem in (
+        ([31, 0, 0], r"a must be a tensor of uint8 whose last dimension is K = 31, got \[1, 32\]"),
+        ([32, 0, 0, 255, 0], "GemvU8F: geometry out of range"),
+    ):
+        model = qgemm(rng, 32, 16)
+        rewrite_gemv(model, {"fc": 1})
+        geometry = next(i for i in model.graph.initializer if i.name.endswith("/geometry"))
+        geometry.CopyFrom(numpy_helper.from_array(np.array(values, np.int64), geometry.name))
+        with pytest.raises(Exception, match=problem):
+            op_session(model).run(None, {"x": random_input(rng, (1, 32), TensorProto.UINT8)})
 
 
 def test_pack_weights_layout():

@@ -7,8 +7,8 @@ convs, the depthwise and both grouped conv ops, the one-row GEMM op's convs over
 was a node of its own: a dispatch and a pass over the op's output, 20 of MobileNetV3-Small's 24
 byte lookups on an AVX2 host (18 after PairGemm, 2 after DepthwiseConv), 16 of RegNetY-400MF's
 80 on an AVX512-VNNI one (after GroupedDotConv), MobileNetV3-Small's 9 squeeze-excitation ReLUs
-at batch 1 on such a host (after Gemv). Those ops requantize each output as ORT's QLinearConv does: the float clamped
-to the type's range less the zero point, rounded, plus the zero point. Rounding is monotone and
+at batch 1 on such a host (after Gemv). Those ops requantize each output as ORT's QLinearConv
+does: the float clamped to the type's range less the zero point, rounded, plus the zero point. Rounding is monotone and
 the clamp's bounds are integers, so clamping the byte afterwards gives what clamping the float to
 the clamp's bounds less the zero point gives: the op's geometry takes the least and greatest
 output byte (csrc/runtime/ort_requant.h), and the lookup goes. The session's bytes are unchanged

@@ -13,13 +13,13 @@ bias or none and float or 8-bit outputs).
 
 A 1x1 conv of stride 1, no pads and one group over channels-last pixels is the same GEMM, its
 pixels the rows: a squeeze-excitation block's two convs over the mean of each channel have one
-pixel at batch 1, and ORT's QLinearConv spent 8 us on each of MobileNetV3-Small's 18 (a 2-vCPU
-EPYC with AVX512-VNNI, its profiler, 1 thread: 144 us, 9 % of the session), where their
-weights are a few KB. The op takes its input's leading dimensions as the rows and gives its
-output the same ones, so the conv's [N, 1, 1, K] becomes [N, 1, 1, N_out] as QLinearConv's
-would; its integer is QLinearConv's ((x - zp_x) * w + bias, exact in int32 on an exact u8s8
-host) and its output step the same requantization (ort_requant.h). A byte clamp after it
-folds into that step (conversion/clamp_fold.py).
+pixel at batch 1 (MobileNetV3-Small has 18 such convs). The op takes its input's leading
+dimensions as the rows and gives its output the same ones, so the conv's [N, 1, 1, K] becomes
+[N, 1, 1, N_out] as QLinearConv's would; its integer is QLinearConv's ((x - zp_x) * w + bias,
+exact in int32 on an exact u8s8 host) and its output step the same requantization
+(ort_requant.h). A byte clamp after it folds into that step (conversion/clamp_fold.py). The
+sessions gained little by it (0.963 to 0.998 of their time over four networks, 1.011 in one
+earlier run: docs/compile.md, *One-row GEMMs on the extension's op*).
 
 Which ones: the row count is read from the integer graph's shapes (`gemm_rows`, by node name:
 ORT's fusion keeps a Gemm's and its layout pass writes a conv's as `<name>_token_<n>`), and only
